@@ -1,0 +1,49 @@
+// swift-tools-version:6.0
+// Ferry: a BLE central gateway for Linux/BlueZ. One module per concern; see README.md.
+import PackageDescription
+
+let package = Package(
+    name: "Ferry",
+    platforms: [.macOS(.v14)],
+    products: [
+        .executable(name: "ferry", targets: ["ferry"]),
+    ],
+    targets: [
+        // C libraries from Debian, as system library targets.
+        .systemLibrary(
+            name: "CSQLite", path: "Sources/CSQLite", pkgConfig: "sqlite3",
+            providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(
+            name: "CDBus", path: "Sources/CDBus", pkgConfig: "dbus-1",
+            providers: [.apt(["libdbus-1-dev"])]),
+        .systemLibrary(
+            name: "CBluetooth", path: "Sources/CBluetooth", pkgConfig: "bluez",
+            providers: [.apt(["libbluetooth-dev"])]),
+
+        // Pure protocol logic: frames, CRC, STREAM_INFO, the sync session state machine. No I/O, no C.
+        .target(name: "FerryProtocol"),
+        // Durable store over SQLite: staged frames, transactional outbox, cursors.
+        .target(name: "FerryStore", dependencies: ["CSQLite", "FerryProtocol"]),
+        // Outbox forwarder to the backend over HTTP(S).
+        .target(name: "FerryUplink", dependencies: ["FerryStore", "FerryProtocol"]),
+        // libdbus bindings: connection, marshalling, signals.
+        .target(name: "FerryDBus", dependencies: ["CDBus"]),
+        // BlueZ client over D-Bus: adapter, device, GATT.
+        .target(name: "FerryBlueZ", dependencies: ["FerryDBus", "CBluetooth"]),
+        // In-process simulated Sync peripheral (tests, demo, benchmarks).
+        .target(name: "FerrySimulator", dependencies: ["FerryProtocol"]),
+        // Wiring: drives sessions against a transport and the store.
+        .target(name: "FerryGateway", dependencies: ["FerryProtocol", "FerryStore", "FerryUplink", "FerryBlueZ"]),
+        // Command line: argument parsing and subcommands (library so tests can call it in-process).
+        .target(name: "FerryCLI", dependencies: ["FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator"]),
+        .executableTarget(name: "ferry", dependencies: ["FerryCLI"]),
+
+        .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol"]),
+        .testTarget(name: "FerryStoreTests", dependencies: ["FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerryIntegrationTests", dependencies: ["FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
+        .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ"]),
+        .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

@@ -1,0 +1,1 @@
+// The FerryBlueZ module. Its sources land in this folder.

@@ -1,0 +1,1 @@
+// The FerryDBus module. Its sources land in this folder.

@@ -1,0 +1,1 @@
+// The FerryGateway module. Its sources land in this folder.

@@ -1,0 +1,1 @@
+// The FerryProtocol module. Its sources land in this folder.

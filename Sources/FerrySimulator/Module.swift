@@ -1,0 +1,1 @@
+// The FerrySimulator module. Its sources land in this folder.

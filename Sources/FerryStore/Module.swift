@@ -1,0 +1,1 @@
+// The FerryStore module. Its sources land in this folder.

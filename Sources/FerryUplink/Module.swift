@@ -1,0 +1,1 @@
+// The FerryUplink module. Its sources land in this folder.

@@ -1,0 +1,4 @@
+import FerryCLI
+import Foundation
+
+exit(FerryCommandLine.main(arguments: Array(CommandLine.arguments.dropFirst())))
