@@ -37,7 +37,7 @@ public struct CommitOutcome: Sendable, Equatable {
 /// One owner; not thread-safe (wrap it in an actor or keep it on one thread).
 public final class GatewayStore {
     public let database: Database
-    private let clock: any WallClock
+    let clock: any WallClock
 
     public static let pragmas = """
         PRAGMA journal_mode = WAL;
@@ -82,7 +82,7 @@ public final class GatewayStore {
     }
 
     /// Runs `body`, turning SQLite failures into `StoreError`.
-    private func store<T>(_ body: () throws -> T) throws -> T {
+    func store<T>(_ body: () throws -> T) throws -> T {
         do {
             return try body()
         } catch let e as SQLiteError {
@@ -185,7 +185,7 @@ public final class GatewayStore {
                         + #""last_seq":"\#(last.seq)","count":\#(fresh.count)}"#
                     let eventID = try insertOutboxEvent(
                         type: "FRAMES", payload: payload, key: key, first: first.seq, last: last.seq,
-                        frameCount: fresh.count, now: now)
+                        frameCount: fresh.count, payloadBytes: fresh.reduce(0) { $0 + $1.payload.count }, now: now)
                     let insert = try database.cached(
                         """
                         INSERT INTO staged_frames (peripheral, epoch, seq, payload, received_at, outbox_id)
@@ -210,19 +210,21 @@ public final class GatewayStore {
 
     @discardableResult
     private func insertOutboxEvent(
-        type: String, payload: String, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int, now: Int64
+        type: String, payload: String, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int,
+        payloadBytes: Int = 0, now: Int64
     ) throws -> String {
         let id = UUID().uuidString.lowercased()
         try database.cached(
             """
             INSERT INTO outbox_events (id, event_type, payload, status, retry_count, next_retry_at, created_at,
-                                       peripheral, epoch, first_seq, last_seq, frame_count)
-            VALUES (?, ?, ?, 'PENDING', 0, ?, ?, ?, ?, ?, ?, ?)
+                                       peripheral, epoch, first_seq, last_seq, frame_count, payload_bytes)
+            VALUES (?, ?, ?, 'PENDING', 0, ?, ?, ?, ?, ?, ?, ?, ?)
             """
         ).run([
             .text(id), .text(type), .text(payload), .integer(now), .integer(now), .text(key.peripheral.string),
             .text(String(key.epoch)), first.map { .integer(Int64(bitPattern: $0)) } ?? .null,
             last.map { .integer(Int64(bitPattern: $0)) } ?? .null, .integer(Int64(frameCount)),
+            .integer(Int64(payloadBytes)),
         ])
         return id
     }

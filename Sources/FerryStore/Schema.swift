@@ -43,6 +43,7 @@ enum Schema {
                 first_seq     INTEGER,
                 last_seq      INTEGER,
                 frame_count   INTEGER NOT NULL DEFAULT 0,
+                payload_bytes INTEGER NOT NULL DEFAULT 0,   -- sum of the frames' payload sizes (batch sizing)
                 batch_id      TEXT,                         -- Idempotency-Key of the claim that carries it
                 claimed_at    INTEGER,
                 completed_at  INTEGER,
