@@ -1,1 +1,0 @@
-// The FerryUplink module. Its sources land in this folder.

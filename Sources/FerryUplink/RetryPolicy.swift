@@ -1,0 +1,86 @@
+// What the forwarder does after an outcome: exponential backoff with full jitter,
+// Retry-After honoured, a bounded number of retries, pauses that do not count.
+// Pure: the random source and the retry count are passed in.
+
+/// What to do with the batch's events after one attempt.
+public enum UplinkDisposition: Sendable, Hashable {
+    /// Mark the events COMPLETED.
+    case complete
+    /// Back to PENDING with `retryCount` and `next_retry_at = now + delaySeconds`; same batch.
+    case retry(afterSeconds: Double, retryCount: Int)
+    /// Mark the events FAILED (dead letter).
+    case fail(reason: String)
+    /// Stop the uplink for `afterSeconds`, re-read credentials, then try the same batch
+    /// again. `retryCount` is unchanged.
+    case pause(afterSeconds: Double, reason: UplinkPauseReason)
+}
+
+public struct UplinkRetryPolicy: Sendable, Hashable {
+    /// First backoff ceiling; attempt n (1-based) waits a uniform random time in
+    /// [0, min(maxDelay, baseDelay * 2^(n-1))] ("full jitter": retries of many gateways spread out).
+    public var baseDelaySeconds: Double
+    public var maxDelaySeconds: Double
+    /// Retries after the first attempt before the batch is FAILED.
+    public var maxRetries: Int
+    /// A `Retry-After` longer than this is cut to it: a broken server must not park the uplink for days.
+    public var maxRetryAfterSeconds: Double
+    /// Pause length after the n-th consecutive pause: min(maxPause, basePause * 2^(n-1)), no jitter
+    /// (a pause waits for a human or a rewritten token file, not for a recovering server).
+    public var basePauseSeconds: Double
+    public var maxPauseSeconds: Double
+
+    public init(
+        baseDelaySeconds: Double = 0.5, maxDelaySeconds: Double = 300, maxRetries: Int = 12,
+        maxRetryAfterSeconds: Double = 3600, basePauseSeconds: Double = 1, maxPauseSeconds: Double = 60
+    ) {
+        self.baseDelaySeconds = baseDelaySeconds
+        self.maxDelaySeconds = maxDelaySeconds
+        self.maxRetries = maxRetries
+        self.maxRetryAfterSeconds = maxRetryAfterSeconds
+        self.basePauseSeconds = basePauseSeconds
+        self.maxPauseSeconds = maxPauseSeconds
+    }
+
+    /// The backoff ceiling before the `retryNumber`-th retry (1-based).
+    public func backoffCeilingSeconds(retryNumber: Int) -> Double {
+        let exponent = Double(max(0, min(retryNumber - 1, 62)))
+        return min(maxDelaySeconds, baseDelaySeconds * pow2(exponent))
+    }
+
+    /// Decides what happens after `outcome`, given how many retries the batch already had
+    /// (`retryCount`, the store's `retry_count`) and how many pauses in a row preceded this one.
+    public func disposition<R: RandomNumberGenerator>(
+        after outcome: UplinkOutcome, retryCount: Int, consecutivePauses: Int = 0, random: inout R
+    ) -> UplinkDisposition {
+        switch outcome {
+        case .completed:
+            return .complete
+        case .failed(let status, let detail):
+            return .fail(reason: detail.isEmpty ? "HTTP \(status)" : "HTTP \(status): \(detail)")
+        case .pause(let reason):
+            let exponent = Double(max(0, min(consecutivePauses, 62)))
+            return .pause(afterSeconds: min(maxPauseSeconds, basePauseSeconds * pow2(exponent)), reason: reason)
+        case .retry(let reason, let retryAfter):
+            let next = retryCount + 1
+            if next > maxRetries {
+                return .fail(reason: "retries exhausted after \(retryCount + 1) attempts; last: \(reason)")
+            }
+            let ceiling = backoffCeilingSeconds(retryNumber: next)
+            let jittered = ceiling * Double.random(in: 0...1, using: &random)
+            // Retry-After is a floor, not a replacement: the jitter still spreads gateways
+            // that were all told the same instant.
+            let floor = min(retryAfter ?? 0, maxRetryAfterSeconds)
+            return .retry(afterSeconds: max(jittered, floor), retryCount: next)
+        }
+    }
+
+    private func pow2(_ exponent: Double) -> Double {
+        var value = 1.0
+        var remaining = Int(exponent)
+        while remaining > 0 {
+            value *= 2
+            remaining -= 1
+        }
+        return value
+    }
+}
