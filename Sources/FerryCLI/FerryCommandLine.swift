@@ -26,10 +26,12 @@ public enum FerryCommandLine {
         Commands:
           ingest    Feed a captured DATA byte stream into the store (same decoder and rules as a live sync)
           status    Streams, cursors and outbox counts of a store
+          forward   Drain the outbox to the backend over HTTP(S)
+          outbox    List outbox events; send FAILED ones again
           demo      Generate a noisy capture from a simulated peripheral, ingest it twice, show the status
 
         Run 'ferry <command> --help' for the options of a command.
-        Exit status: 0 success, 1 failure (message on stderr), 2 usage error.
+        Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 3 (forward --until-empty) some events FAILED.
         """
 
     /// Entry point of the `ferry` binary.
@@ -59,6 +61,12 @@ public enum FerryCommandLine {
             case "status":
                 if wantsHelp { output.out(StatusCommand.help); return 0 }
                 return try StatusCommand.run(rest, output: output)
+            case "forward":
+                if wantsHelp { output.out(ForwardCommand.help); return 0 }
+                return try ForwardCommand.run(rest, output: output)
+            case "outbox":
+                if wantsHelp { output.out(OutboxCommand.help); return 0 }
+                return try OutboxCommand.run(rest, output: output)
             case "demo":
                 if wantsHelp { output.out(DemoCommand.help); return 0 }
                 return try DemoCommand.run(rest, output: output)
