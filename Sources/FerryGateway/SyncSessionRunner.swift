@@ -30,6 +30,8 @@ public struct SyncSummary: Sendable, Equatable {
     public var regressions = 0
     public var corrupt = 0
     public var disconnectReason: String?
+    /// The store was over its disk budget: nothing more was committed or acknowledged (backpressure).
+    public var backpressure = false
 }
 
 /// Executes a `SyncSession`'s actions against a transport and the store. One task owns a runner: events
@@ -51,12 +53,16 @@ public final class SyncSessionRunner {
     private let transport: any SyncTransport
     private let clock: any MonotonicClock
     private let log: any LogSink
+    private let diskBudgetBytes: Int64?
 
+    /// `diskBudgetBytes`: when the store file (with its WAL) is larger, the runner stops committing and so stops
+    /// acknowledging: the peripheral keeps its events until the uplink has drained and pruned the store.
     public init(
         peripheral: PeripheralAddress, store: GatewayStore, transport: any SyncTransport,
         configuration: SyncSession.Configuration = .init(), clock: any MonotonicClock = SystemMonotonicClock(),
-        log: any LogSink = NullLogSink()
+        log: any LogSink = NullLogSink(), diskBudgetBytes: Int64? = nil
     ) {
+        self.diskBudgetBytes = diskBudgetBytes
         self.peripheral = peripheral
         self.store = store
         self.transport = transport
@@ -164,6 +170,14 @@ public final class SyncSessionRunner {
             return []
         case .commit(let batch):
             guard let current = stream else { return machine.commitFailed(now: now) }
+            if let budget = diskBudgetBytes, let used = try? store.diskBytes(), used > budget {
+                summary.backpressure = true
+                log.log(
+                    .warning,
+                    "\(peripheral): store uses \(used) bytes, over its budget of \(budget): not committing or "
+                        + "acknowledging; the peripheral keeps its events (backpressure)")
+                return machine.commitFailed(now: now)
+            }
             do {
                 let outcome = try store.commit(batch, to: current.key)
                 lastCommittedCursor = outcome.cursor
