@@ -318,8 +318,10 @@ public final class GatewayStore {
     public func frames(of key: StreamKey) throws -> [(seq: UInt64, payload: [UInt8])] {
         try store {
             var result: [(UInt64, [UInt8])] = []
+            // seq is stored as the UInt64 bit pattern: seqs above 2^63 are negative integers, so plain
+            // `ORDER BY seq` would put them first. `seq < 0` first sorts the two halves into unsigned order.
             try database.cached(
-                "SELECT seq, payload FROM staged_frames WHERE peripheral = ? AND epoch = ? ORDER BY seq"
+                "SELECT seq, payload FROM staged_frames WHERE peripheral = ? AND epoch = ? ORDER BY seq < 0, seq"
             ).forEach([.text(key.peripheral.string), .text(String(key.epoch))]) { row in
                 result.append((UInt64(bitPattern: row.int64(0)), row.blob(1)))
             }
