@@ -129,6 +129,40 @@ import Testing
         #expect(read[5] == .blob([0, 1, 255]))
     }
 
+    @Test func releasingTheStoreClosesItsConnection() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.file("close.sqlite")
+        weak var released: Database?
+        do {
+            let store = try GatewayStore(path: path, clock: FixedClock())
+            let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
+            try store.commit(batch(from: 0, dataFrames(1...20)), to: stream.key)
+            #expect(FileManager.default.fileExists(atPath: path + "-wal"))
+            released = store.database
+        }
+        #expect(released == nil, "the connection outlived its store (a reference cycle keeps it open)")
+        // Closing the last connection checkpoints the WAL into the main file and removes it.
+        #expect(!FileManager.default.fileExists(atPath: path + "-wal"))
+        #expect(try GatewayStore(path: path, clock: FixedClock()).count("SELECT count(*) FROM staged_frames") == 20)
+    }
+
+    @Test func aPreparedStatementKeepsItsConnectionOpenUntilReleased() throws {
+        let dir = try TemporaryDirectory()
+        weak var released: Database?
+        var statement: Statement?
+        do {
+            let db = try Database.open(path: dir.file("keepalive.sqlite"))
+            _ = try db.integer("SELECT 1")  // something in the cache too
+            statement = try db.prepare("SELECT 41 + 1")
+            released = db
+        }
+        #expect(released != nil)
+        #expect(try statement?.step() == true)
+        #expect(statement?.int64(0) == 42)
+        statement = nil
+        #expect(released == nil)
+    }
+
     @Test func openingInAMissingDirectoryFailsWithCantOpen() throws {
         let dir = try TemporaryDirectory()
         let error = #expect(throws: SQLiteError.self) { _ = try Database.open(path: dir.file("no/such/dir.sqlite")) }
