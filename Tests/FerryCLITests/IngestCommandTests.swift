@@ -150,6 +150,60 @@ import Testing
         #expect(ferry("ingest", "--db", db, "--peripheral", peripheral, "--epoch", "-1", capture).status == 2)
     }
 
+    /// The command reads in 64 KiB chunks: frames straddling the chunk boundaries must be reassembled.
+    @Test func framesAcrossReadChunkBoundariesAreReassembled() throws {
+        let dir = try TemporaryDirectory()
+        let bytes = Wire.capture(1...200, payloadSize: 1001)  // 1015-byte frames: 3 chunk boundaries fall inside frames
+        #expect(bytes.count > 3 * 65_536)
+        let capture = try dir.write(bytes, to: "large.bin")
+        let db = dir.file("ferry.sqlite")
+        let json = try ferry("ingest", "--db", db, "--peripheral", peripheral, "--json", capture).json()
+        #expect(json["stored"] as? Int == 200)
+        #expect(json["corrupt"] as? Int == 0)
+        #expect(try StoreProbe(db).payloads() == (1...200).map { Wire.payload(for: $0, size: 1001) })
+    }
+
+    @Test func maxPayloadTurnsLargerFramesIntoNoise() throws {
+        let dir = try TemporaryDirectory()
+        let capture = try dir.write(
+            Wire.capture(1...3, payloadSize: 10) + Wire.capture(4...4, payloadSize: 100) + Wire.capture(5...6, payloadSize: 10),
+            to: "sizes.bin")
+        let db = dir.file("ferry.sqlite")
+        let json = try ferry("ingest", "--db", db, "--peripheral", peripheral, "--max-payload", "64", "--json", capture)
+            .json()
+        #expect(json["stored"] as? Int == 5)
+        #expect(json["gaps"] as? Int == 1)  // seq 4 could not be taken: recorded as lost, never silently skipped
+        #expect(json["corrupt"] as? Int == 1)
+        #expect(try StoreProbe(db).gaps() == [4...4])
+    }
+
+    @Test func seqsAbove2To63GoThroughTheCommand() throws {
+        let dir = try TemporaryDirectory()
+        let top = UInt64.max
+        let capture = try dir.write(Wire.capture([top - 2, top - 1, top]), to: "top.bin")
+        let db = dir.file("ferry.sqlite")
+        let json = try ferry("ingest", "--db", db, "--peripheral", peripheral, "--json", capture).json()
+        #expect(json["cursor"] as? String == "18446744073709551615")
+        #expect(json["stored"] as? Int == 3)
+        #expect(json["gaps"] as? Int == 1)
+        let store = try StoreProbe(db)
+        #expect(try store.seqs() == [top - 2, top - 1, top])
+        #expect(try store.gaps() == [1...(top - 3)])
+        let again = try ferry("ingest", "--db", db, "--peripheral", peripheral, "--json", capture).json()
+        #expect(again["duplicates"] as? Int == 3)
+    }
+
+    /// Seqs start at 1 (PROTOCOL §1): a DATA frame with seq 0 is at or below every cursor, so a duplicate.
+    @Test func dataWithSeqZeroIsADuplicate() throws {
+        let dir = try TemporaryDirectory()
+        let capture = try dir.write(Wire.capture([0, 1, 2]), to: "zero.bin")
+        let json = try ferry("ingest", "--db", dir.file("ferry.sqlite"), "--peripheral", peripheral, "--json", capture)
+            .json()
+        #expect(json["frames"] as? Int == 3)
+        #expect(json["duplicates"] as? Int == 1)
+        #expect(json["stored"] as? Int == 2)
+    }
+
     @Test func emptyCaptureOpensTheStreamAndStoresNothing() throws {
         let dir = try TemporaryDirectory()
         let capture = try dir.write([], to: "empty.bin")
