@@ -1,4 +1,5 @@
 import FerryCLI
+import FerryStore
 import Foundation
 import Testing
 
@@ -65,6 +66,36 @@ import Testing
         let status = ferry("status", "--db", db)
         expectFailure(status, status: 1, mentioning: db)
         #expect(try String(contentsOfFile: db, encoding: .utf8) == text)
+    }
+
+    @Test func databaseWithDamagedPages() throws {
+        let dir = try TemporaryDirectory()
+        let capture = try dir.write(Wire.capture(1...100), to: "c.bin")
+        let db = dir.file("ferry.sqlite")
+        #expect(ferry("ingest", "--db", db, "--peripheral", peripheral, capture).status == 0)
+        #expect(!FileManager.default.fileExists(atPath: db + "-wal"), "the store was not closed cleanly")
+        // Keep the header page, overwrite every other page: the tables' b-trees are garbage now.
+        var bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: db)))
+        try #require(bytes.count > 4096)
+        for index in 4096..<bytes.count { bytes[index] = index % 2 == 0 ? 0xDE : 0xAD }
+        try Data(bytes).write(to: URL(fileURLWithPath: db))
+
+        expectFailure(ferry("ingest", "--db", db, "--peripheral", peripheral, capture), status: 1, mentioning: "malformed")
+        expectFailure(ferry("status", "--db", db, "--json"), status: 1, mentioning: "malformed")
+    }
+
+    @Test func databaseFromANewerFerry() throws {
+        let dir = try TemporaryDirectory()
+        let capture = try dir.write(Wire.capture(1...3), to: "c.bin")
+        let db = dir.file("ferry.sqlite")
+        #expect(ferry("ingest", "--db", db, "--peripheral", peripheral, capture).status == 0)
+        do {
+            let sql = try Database.open(path: db)
+            let version = try sql.integer("PRAGMA user_version") ?? 0
+            try sql.execute("PRAGMA user_version = \(version + 1)")
+        }
+        expectFailure(ferry("ingest", "--db", db, "--peripheral", peripheral, capture), status: 1, mentioning: "newer")
+        expectFailure(ferry("status", "--db", db), status: 1, mentioning: "upgrade ferry")
     }
 
     @Test(arguments: [
