@@ -83,6 +83,26 @@ import Testing
         #expect(try store.count("SELECT count(*) FROM staged_frames WHERE seq = 101") == 0)
     }
 
+    /// A flipped bit in a length field near the end makes the frame look longer than the rest of the dump: the
+    /// frames behind it must still be recovered when the dump ends (PROTOCOL §2, "Stall").
+    @Test func framesSwallowedByACorruptLengthNearTheEndAreRecovered() throws {
+        let dir = try TemporaryDirectory()
+        var damaged = Wire.dataFrame(8)
+        damaged[10] = 0x01  // length 8 -> 264: waits for bytes that never come
+        let capture = try dir.write(Wire.capture(1...7) + damaged + Wire.capture(9...10), to: "stall.bin")
+        let db = dir.file("ferry.sqlite")
+        let result = ferry("ingest", "--db", db, "--peripheral", peripheral, "--json", capture)
+        #expect(result.status == 0)
+        let json = try result.json()
+        #expect(json["stored"] as? Int == 9)
+        #expect(json["gaps"] as? Int == 1)
+        #expect(json["cursor"] as? String == "10")
+        #expect(try StoreProbe(db).seqs() == Array(1...7) + [9, 10])
+        #expect(try StoreProbe(db).gaps() == [8...8])
+        #expect(result.stderr.count == 1)
+        #expect(result.stderr.first?.contains("\(damaged.count) bytes of an incomplete frame") == true)
+    }
+
     @Test func textOutputReportsSkippedNonDataFrames() throws {
         let dir = try TemporaryDirectory()
         let bytes =
