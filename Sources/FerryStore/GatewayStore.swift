@@ -58,6 +58,12 @@ public final class GatewayStore {
         do {
             // Must precede the first table: only then does the file get incremental auto-vacuum.
             let version = try db.integer("PRAGMA user_version") ?? 0
+            // Version 0 with tables is another application's file (Ferry's first migration sets the version
+            // in the same transaction as its tables): refuse it before WAL or migrations change it.
+            if version == 0, try db.integer("SELECT count(*) FROM sqlite_master") ?? 0 > 0 {
+                throw StoreError.notADatabase(
+                    path: path, detail: "it holds another application's tables (schema version 0), not Ferry's")
+            }
             if version == 0 { try db.execute("PRAGMA auto_vacuum = INCREMENTAL") }
             try db.execute(GatewayStore.pragmas)
             try migrate()

@@ -84,6 +84,16 @@ import Testing
         expectFailure(ferry("status", "--db", db, "--json"), status: 1, mentioning: "malformed")
     }
 
+    @Test func databaseOfAnotherApplication() throws {
+        let dir = try TemporaryDirectory()
+        let capture = try dir.write(Wire.capture(1...3), to: "c.bin")
+        let db = dir.file("contacts.sqlite")
+        do { try Database.open(path: db).execute("CREATE TABLE contacts (name TEXT)") }
+        expectFailure(ferry("ingest", "--db", db, "--peripheral", peripheral, capture), status: 1, mentioning: "another application")
+        expectFailure(ferry("status", "--db", db), status: 1, mentioning: "another application")
+        #expect(try Database.open(path: db).integer("SELECT count(*) FROM sqlite_master") == 1)
+    }
+
     @Test func databaseFromANewerFerry() throws {
         let dir = try TemporaryDirectory()
         let capture = try dir.write(Wire.capture(1...3), to: "c.bin")

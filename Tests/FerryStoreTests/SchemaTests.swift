@@ -135,6 +135,28 @@ import Testing
         #expect(!FileManager.default.fileExists(atPath: path + "-wal"))
     }
 
+    /// A mistyped --db pointing at another application's SQLite file must not gain Ferry's tables, nor be
+    /// switched to WAL (which would change how that application's file behaves).
+    @Test func anotherApplicationsDatabaseIsRefusedAndLeftAlone() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.file("contacts.sqlite")
+        do {
+            let other = try Database.open(path: path)
+            try other.execute("CREATE TABLE contacts (name TEXT); INSERT INTO contacts VALUES ('Ada')")
+        }
+        let error = #expect(throws: StoreError.self) { _ = try GatewayStore(path: path, clock: FixedClock()) }
+        guard case .notADatabase(let reportedPath, let detail) = error else {
+            Issue.record("expected notADatabase, got \(String(describing: error))")
+            return
+        }
+        #expect(reportedPath == path)
+        #expect(detail.contains("another application"))
+        let other = try Database.open(path: path)
+        #expect(try other.text("PRAGMA journal_mode") == "delete")
+        #expect(try other.integer("SELECT count(*) FROM sqlite_master WHERE name = 'stream_cursors'") == 0)
+        #expect(try other.text("SELECT name FROM contacts") == "Ada")
+    }
+
     @Test func missingFileIsRefusedWhenCreationIsNotAllowed() throws {
         let dir = try TemporaryDirectory()
         let path = dir.file("absent.sqlite")
