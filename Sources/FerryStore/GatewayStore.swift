@@ -58,6 +58,12 @@ public final class GatewayStore {
         do {
             // Must precede the first table: only then does the file get incremental auto-vacuum.
             let version = try db.integer("PRAGMA user_version") ?? 0
+            // Version 0 with tables is another application's file (Ferry's first migration sets the version
+            // in the same transaction as its tables): refuse it before WAL or migrations change it.
+            if version == 0, try db.integer("SELECT count(*) FROM sqlite_master") ?? 0 > 0 {
+                throw StoreError.notADatabase(
+                    path: path, detail: "it holds another application's tables (schema version 0), not Ferry's")
+            }
             if version == 0 { try db.execute("PRAGMA auto_vacuum = INCREMENTAL") }
             try db.execute(GatewayStore.pragmas)
             try migrate()
@@ -320,8 +326,10 @@ public final class GatewayStore {
     public func frames(of key: StreamKey) throws -> [(seq: UInt64, payload: [UInt8])] {
         try store {
             var result: [(UInt64, [UInt8])] = []
+            // seq is stored as the UInt64 bit pattern: seqs above 2^63 are negative integers, so plain
+            // `ORDER BY seq` would put them first. `seq < 0` first sorts the two halves into unsigned order.
             try database.cached(
-                "SELECT seq, payload FROM staged_frames WHERE peripheral = ? AND epoch = ? ORDER BY seq"
+                "SELECT seq, payload FROM staged_frames WHERE peripheral = ? AND epoch = ? ORDER BY seq < 0, seq"
             ).forEach([.text(key.peripheral.string), .text(String(key.epoch))]) { row in
                 result.append((UInt64(bitPattern: row.int64(0)), row.blob(1)))
             }

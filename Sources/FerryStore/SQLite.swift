@@ -78,19 +78,24 @@ public final class Database {
 
     /// A fresh statement, finalized when released.
     public func prepare(_ sql: String) throws -> Statement {
+        try makeStatement(sql, ownedByCache: false)
+    }
+
+    private func makeStatement(_ sql: String, ownedByCache: Bool) throws -> Statement {
         var raw: OpaquePointer?
         let rc = sqlite3_prepare_v3(handle, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &raw, nil)
         guard rc == SQLITE_OK, let raw else { throw error(rc, sql: sql) }
-        return Statement(handle: raw, database: self, sql: sql)
+        return Statement(handle: raw, database: self, sql: sql, ownedByCache: ownedByCache)
     }
 
     /// A statement prepared once per connection and reused (reset, bindings cleared) on every call.
+    /// The connection owns it: use it while the connection lives, do not keep it beyond that.
     public func cached(_ sql: String) throws -> Statement {
         if let statement = statementCache[sql] {
             statement.reset()
             return statement
         }
-        let statement = try prepare(sql)
+        let statement = try makeStatement(sql, ownedByCache: true)
         statementCache[sql] = statement
         return statement
     }
@@ -139,14 +144,23 @@ public final class Database {
 /// One prepared statement; finalized in `deinit`.
 public final class Statement {
     let handle: OpaquePointer
-    /// Keeps the connection alive as long as the statement (sqlite3_close_v2 would otherwise leave a zombie).
-    private let database: Database
+    /// A statement from `prepare()` keeps its connection alive as long as it lives (sqlite3_close_v2 would
+    /// otherwise leave a zombie). A cached statement must not: the connection owns it and finalizes it in its
+    /// deinit, and a strong reference back would be a cycle that never closes the connection.
+    private let retainedDatabase: Database?
+    private weak var cachingDatabase: Database?
     public let sql: String
 
-    init(handle: OpaquePointer, database: Database, sql: String) {
+    init(handle: OpaquePointer, database: Database, sql: String, ownedByCache: Bool) {
         self.handle = handle
-        self.database = database
+        retainedDatabase = ownedByCache ? nil : database
+        cachingDatabase = ownedByCache ? database : nil
         self.sql = sql
+    }
+
+    private func error(_ code: Int32) -> SQLiteError {
+        if let database = retainedDatabase ?? cachingDatabase { return database.error(code, sql: sql) }
+        return SQLiteError(code: code, message: String(cString: sqlite3_errstr(code)), sql: sql)
     }
 
     deinit { sqlite3_finalize(handle) }
@@ -173,7 +187,7 @@ public final class Statement {
                         Statement.transient)
                 }
             }
-            guard rc == SQLITE_OK else { throw database.error(rc, sql: sql) }
+            guard rc == SQLITE_OK else { throw error(rc) }
         }
     }
 
@@ -184,7 +198,7 @@ public final class Statement {
         case SQLITE_ROW: return true
         case SQLITE_DONE: return false
         default:
-            let failure = database.error(rc, sql: sql)
+            let failure = error(rc)
             sqlite3_reset(handle)
             throw failure
         }
