@@ -94,8 +94,11 @@ public enum FerryCommandLine {
 
     /// Opens the store with errors that name the file and the problem.
     static func openStore(_ path: String, create: Bool) throws -> GatewayStore {
-        if !create && access(path, F_OK) != 0 {
-            throw CommandFailure("no database at \(path)")
+        if !create {
+            var info = stat()
+            guard stat(path, &info) == 0 else { throw CommandFailure("no database at \(path)") }
+            // An empty file would otherwise be turned into a fresh store by a read-only command.
+            guard info.st_size > 0 else { throw CommandFailure("\(path) is empty, not a Ferry database") }
         }
         do {
             return try GatewayStore(path: path, create: create)
