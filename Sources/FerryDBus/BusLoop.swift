@@ -221,13 +221,7 @@ final class BusLoop {
                 for entry in loop.timeouts where entry.pointer == timeout { entry.armedAt = loop.clock.now }
             },
             context, nil)
-        _ = dbus_connection_add_filter(
-            connection,
-            { _, message, data in
-                guard let message, let data else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
-                return Unmanaged<BusLoop>.fromOpaque(data).takeUnretainedValue().handleIncoming(message)
-            },
-            context, nil)
+        _ = dbus_connection_add_filter(connection, Self.filter, context, nil)
 
         while running {
             for command in mailbox.drain() { handle(command) }
@@ -241,11 +235,15 @@ final class BusLoop {
         }
         shutdown()
         // Unhook before the handle is released so libdbus never calls back into a dead loop.
-        dbus_connection_remove_filter(
-            connection,
-            { _, _, _ in DBUS_HANDLER_RESULT_NOT_YET_HANDLED }, context)
+        dbus_connection_remove_filter(connection, Self.filter, context)
         _ = dbus_connection_set_watch_functions(connection, nil, nil, nil, nil, nil)
         _ = dbus_connection_set_timeout_functions(connection, nil, nil, nil, nil, nil)
+    }
+
+    /// One function pointer for add and remove: libdbus identifies a filter by (function, data).
+    private static let filter: DBusHandleMessageFunction = { _, message, data in
+        guard let message, let data else { return DBUS_HANDLER_RESULT_NOT_YET_HANDLED }
+        return Unmanaged<BusLoop>.fromOpaque(data).takeUnretainedValue().handleIncoming(message)
     }
 
     private func dispatchAll() {
