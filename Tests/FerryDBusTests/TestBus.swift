@@ -76,8 +76,20 @@ final class TestBus {
 
     deinit {
         kill(pid, SIGTERM)
+        // The daemon is not our child (it forked), so poll for its exit before removing its directory:
+        // it deletes its socket on the way out and would race the removal.
+        for _ in 0..<200 where isAlive(pid) { usleep(5_000) }
         try? FileManager.default.removeItem(at: directory)
     }
+}
+
+/// Running and not a zombie (a container's init may never reap the forked daemon).
+private func isAlive(_ pid: pid_t) -> Bool {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+        let close = stat.lastIndex(of: ")")
+    else { return false }
+    let state = stat[stat.index(after: close)...].split(separator: " ").first
+    return state != "Z" && state != "X"
 }
 
 struct TestBusError: Error, CustomStringConvertible {
