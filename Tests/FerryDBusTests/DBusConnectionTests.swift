@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 
-@testable import FerryDBus
+import FerryDBus
 
 #if canImport(Glibc)
     import Glibc
