@@ -12,16 +12,13 @@ import Synchronization
 /// Closing the socket (done when the thread exits) is how BlueZ learns we unsubscribed.
 final class NotificationSocketReader: Sendable {
     let values: AsyncStream<[UInt8]>
-    private let stopWriteFD: Int32
+    private let stopSignal: StopPipe
     private let stopped = Mutex(false)
 
     init(fd: DBusUnixFD, mtu: Int) throws {
-        var ends: [Int32] = [-1, -1]
-        guard pipe(&ends) == 0 else {
-            throw BlueZError(kind: .other, message: "pipe() failed: errno \(errno)")
-        }
-        let stopReadFD = ends[0]
-        stopWriteFD = ends[1]
+        let stopSignal = try StopPipe()
+        self.stopSignal = stopSignal
+        let stopReadFD = stopSignal.readFD
         let (stream, continuation) = AsyncStream<[UInt8]>.makeStream(bufferingPolicy: .unbounded)
         values = stream
         // A notification carries at most MTU-3 bytes; read with room to spare so none is truncated.
@@ -53,8 +50,8 @@ final class NotificationSocketReader: Sendable {
                 }
             }
             fd.close()
-            _ = Glibc.close(stopReadFD)
             continuation.finish()
+            withExtendedLifetime(stopSignal) {}
         }
         thread.name = "ferry-notify"
         thread.start()
@@ -66,12 +63,34 @@ final class NotificationSocketReader: Sendable {
             return !wasStopped
         }
         guard first else { return }
+        stopSignal.signal()
+    }
+
+    deinit { stop() }
+}
+
+/// Both ends of the reader's stop pipe, closed together when the last of the reader and its thread
+/// lets go. Keeping the read end open as long as anyone may write is what prevents SIGPIPE.
+private final class StopPipe: Sendable {
+    let readFD: Int32
+    let writeFD: Int32
+
+    init() throws {
+        var ends: [Int32] = [-1, -1]
+        guard pipe(&ends) == 0 else {
+            throw BlueZError(kind: .other, message: "pipe() failed: errno \(errno)")
+        }
+        readFD = ends[0]
+        writeFD = ends[1]
+    }
+
+    func signal() {
         var byte: UInt8 = 1
-        _ = write(stopWriteFD, &byte, 1)
+        _ = write(writeFD, &byte, 1)
     }
 
     deinit {
-        stop()
-        _ = Glibc.close(stopWriteFD)
+        _ = Glibc.close(readFD)
+        _ = Glibc.close(writeFD)
     }
 }
