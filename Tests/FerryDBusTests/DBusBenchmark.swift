@@ -1,0 +1,48 @@
+import FerryDBus
+import Foundation
+import Testing
+
+/// Round-trip throughput against a real dbus-daemon. Not a timed assertion: it only runs when asked,
+/// and prints what it measured. Run it in a release build:
+///   FERRY_DBUS_BENCH=1 swift test -c release --filter DBusBenchmark
+@Suite("FerryDBus benchmark", .enabled(if: ProcessInfo.processInfo.environment["FERRY_DBUS_BENCH"] != nil))
+struct DBusBenchmark {
+    @Test func roundTripCallsPerSecond() async throws {
+        let bus = try TestBus()
+        let service = try await bus.connect()
+        try service.export(path: "/bench") { call in .reply(call.arguments) }
+        let client = try await bus.connect()
+        let payload: [DBusValue] = [.bytes([UInt8](repeating: 0xA5, count: 20)), .uint16(1)]
+
+        func measure(_ label: String, count: Int, inFlight: Int, _ body: @escaping @Sendable () async throws -> Void)
+            async throws
+        {
+            for _ in 0..<200 { try await body() }  // warm-up
+            let start = ContinuousClock.now
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for worker in 0..<inFlight {
+                    let share = count / inFlight + (worker < count % inFlight ? 1 : 0)
+                    group.addTask { for _ in 0..<share { try await body() } }
+                }
+                try await group.waitForAll()
+            }
+            let seconds = Double((ContinuousClock.now - start) / .milliseconds(1)) / 1000
+            print(
+                "dbus-bench \(label): \(count) calls, \(inFlight) in flight: "
+                    + "\(Int(Double(count) / seconds)) calls/s (\(String(format: "%.1f", seconds * 1e6 / Double(count))) µs each)")
+        }
+
+        try await measure("bus driver GetNameOwner", count: 20_000, inFlight: 1) {
+            _ = try await client.nameOwner("org.freedesktop.DBus")
+        }
+        let serviceName = service.uniqueName
+        try await measure("echo peer (ay,q)", count: 20_000, inFlight: 1) {
+            _ = try await client.call(
+                destination: serviceName, path: "/bench", interface: "com.example.Bench", member: "Echo", arguments: payload)
+        }
+        try await measure("echo peer (ay,q)", count: 50_000, inFlight: 32) {
+            _ = try await client.call(
+                destination: serviceName, path: "/bench", interface: "com.example.Bench", member: "Echo", arguments: payload)
+        }
+    }
+}
