@@ -67,7 +67,7 @@ public final class BlueZClient: Sendable {
         let lease = try await discovery(on: adapter).acquire()
         do {
             let path = device.path
-            _ = try await objects.waitFor(timeout: timeout) { $0.properties(path, BlueZInterface.device) != nil }
+            try await objects.waitUntil(timeout: timeout) { $0.properties(path, BlueZInterface.device) != nil }
         } catch {
             await lease.release()
             if let error = error as? BlueZError, error.kind == .timeout {

@@ -65,7 +65,7 @@ public struct DeviceConnector: Sendable {
             case .waitForAdapter, .waitForBluetoothd:
                 let adapterPath = adapter.path
                 do {
-                    _ = try await client.objects.waitFor(timeout: waitTimeout) {
+                    try await client.objects.waitUntil(timeout: waitTimeout) {
                         $0.properties(adapterPath, BlueZInterface.adapter)?["Powered"]?.bool == true
                     }
                 } catch let error as BlueZError where error.kind == .timeout {

@@ -160,6 +160,11 @@ public actor BlueZObjectCache {
         return value
     }
 
+    /// Waits until `condition` holds for the current tree. Throws BlueZError(.timeout) after `timeout`.
+    public func waitUntil(timeout: Duration, _ condition: @escaping @Sendable (BlueZObjects) -> Bool) async throws {
+        _ = try await waitFor(timeout: timeout) { condition($0) ? true : nil }
+    }
+
     private func expireWaiter(_ id: Int, after timeout: Duration) {
         waiters.removeValue(forKey: id)?.continuation.resume(
             throwing: BlueZError(kind: .timeout, message: "condition not met within \(timeout)"))

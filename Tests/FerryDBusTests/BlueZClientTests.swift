@@ -1,6 +1,10 @@
 import FerryBlueZ
 import FerryDBus
 import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 import Testing
 
 /// The BlueZ client against a fake org.bluez on a real private dbus-daemon: cache, signals, restart,
@@ -122,6 +126,33 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    @Test func discoverRunsSharedDiscoveryUntilTheDeviceAppears() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        fake.state.withLock { $0.deviceAppearsOnDiscovery = true }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let device = try await client.discover(address: FakeBlueZ.deviceAddress, on: adapter, timeout: .seconds(5))
+        #expect(await device.address() == FakeBlueZ.deviceAddress)
+        let adapterCalls = fake.calls.filter { $0.hasPrefix("Adapter1.") }.map { $0.split(separator: " ")[0] }
+        #expect(adapterCalls == ["Adapter1.SetDiscoveryFilter", "Adapter1.StartDiscovery", "Adapter1.StopDiscovery"])
+        #expect(await client.discovery(on: adapter).userCount == 0)
+        fake.stop()
+    }
+
+    @Test func discoverReportsAnAbsentDeviceAsNotFound() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let error = await #expect(throws: BlueZError.self) {
+            try await client.discover(address: FakeBlueZ.deviceAddress, on: adapter, timeout: .milliseconds(300))
+        }
+        #expect(error?.kind == .notFound)
+        #expect(fake.calls.contains("Adapter1.StopDiscovery \(FakeBlueZ.adapterPath)"))
+        fake.stop()
+    }
+
     @Test func connectRecoversFromInProgressAndTransientAbort() async throws {
         let bus = try TestBus()
         var tree = FakeBlueZ.adapterOnly()
@@ -146,6 +177,28 @@ struct BlueZClientTests {
         #expect(deviceCalls == ["Device1.Connect", "Device1.Disconnect", "Device1.Connect", "Device1.Connect"])
         #expect(await slept.durations == [.milliseconds(250), .milliseconds(250)])
         #expect(policy.attempts(of: .transient) == 0)  // reset after success
+        fake.stop()
+    }
+
+    @Test func connectWaitsForThePoweredOffAdapterThenConnects() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly(powered: false)
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        fake.state.withLock { $0.connectScript = [DBusError(name: "org.bluez.Error.NotReady", message: "Resource Not Ready")] }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let connector = DeviceConnector(
+            client: client, adapter: try await client.adapter(), address: FakeBlueZ.deviceAddress, sleep: { _ in })
+        let connecting = Task {
+            var policy = ConnectRetryPolicy()
+            return try await connector.connect(policy: &policy)
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(fake.calls.filter { $0.hasPrefix("Device1.Connect") }.count == 1)  // waiting, not retrying
+        try fake.setProperty(FakeBlueZ.adapterPath, BlueZInterface.adapter, "Powered", .bool(true))
+        let device = try await connecting.value
+        #expect(await device.isConnected())
+        #expect(fake.calls.filter { $0.hasPrefix("Device1.Connect") }.count == 2)
         fake.stop()
     }
 
@@ -243,6 +296,19 @@ struct BlueZClientTests {
         let writes = fake.state.withLock { $0.writes }
         #expect(writes.map(\.type) == ["command", "request"])
         #expect(writes.allSatisfy { $0.bytes == syncReq })
+        fake.stop()
+    }
+
+    @Test func acquireWriteGivesASocketWhoseWritesArriveWhole() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let control = try await service.requireCharacteristic(uuid: SyncProfile.controlUUID)
+        let (fd, mtu) = try await control.acquireWrite()
+        #expect(mtu == 247)
+        let frame: [UInt8] = [0xA5, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x14, 0, 0, 0x71, 0x49]
+        #expect(frame.withUnsafeBytes { write(fd.rawValue, $0.baseAddress, $0.count) } == frame.count)
+        #expect(fake.receiveAcquiredWrite() == frame)
+        fd.close()
         fake.stop()
     }
 

@@ -21,6 +21,8 @@ final class FakeBlueZ: Sendable {
         var writes: [(bytes: [UInt8], type: String)] = []
         var acquireNotifyError: DBusError?
         var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
+        var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
+        var deviceAppearsOnDiscovery = false
     }
 
     let connection: DBusConnection
@@ -52,6 +54,12 @@ final class FakeBlueZ: Sendable {
             return p
         }
         if peer >= 0 { close(peer) }
+        let writePeer = state.withLock { s -> Int32 in
+            let p = s.writePeer
+            s.writePeer = -1
+            return p
+        }
+        if writePeer >= 0 { close(writePeer) }
         connection.close()
     }
 
@@ -135,6 +143,15 @@ final class FakeBlueZ: Sendable {
         return bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } == bytes.count
     }
 
+    /// Reads one datagram the client wrote through its AcquireWrite socket.
+    func receiveAcquiredWrite() -> [UInt8]? {
+        let fd = state.withLock { $0.writePeer }
+        guard fd >= 0 else { return nil }
+        var buffer = [UInt8](repeating: 0, count: 600)
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        return n >= 0 ? Array(buffer[0..<n]) : nil
+    }
+
     /// Closes our end of the notify socket: the client sees end-of-file, as on link loss.
     func dropNotifySocket() {
         let fd = state.withLock { s -> Int32 in
@@ -185,6 +202,9 @@ final class FakeBlueZ: Sendable {
             return .reply([])
         case (BlueZInterface.adapter, "StartDiscovery"):
             try? setProperty(call.path, BlueZInterface.adapter, "Discovering", .bool(true))
+            if state.withLock({ $0.deviceAppearsOnDiscovery }) {
+                try? addObject(Self.devicePath, Self.deviceInterfaces())
+            }
             return .reply([])
         case (BlueZInterface.adapter, "StopDiscovery"):
             try? setProperty(call.path, BlueZInterface.adapter, "Discovering", .bool(false))
@@ -220,6 +240,13 @@ final class FakeBlueZ: Sendable {
             state.withLock { $0.notifyPeer = pair[1] }
             try? setProperty(call.path, BlueZInterface.gattCharacteristic, "NotifyAcquired", .bool(true))
             // The reply carries a duplicate; our copy of the client's end is released with the value.
+            return .reply([.unixFD(DBusUnixFD(adopting: pair[0])), .uint16(247)])
+        case (BlueZInterface.gattCharacteristic, "AcquireWrite"):
+            var pair: [Int32] = [-1, -1]
+            guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else {
+                return fail("org.bluez.Error.Failed", "socketpair failed")
+            }
+            state.withLock { $0.writePeer = pair[1] }
             return .reply([.unixFD(DBusUnixFD(adopting: pair[0])), .uint16(247)])
         case (BlueZInterface.gattCharacteristic, "StartNotify"):
             try? setProperty(call.path, BlueZInterface.gattCharacteristic, "Notifying", .bool(true))
