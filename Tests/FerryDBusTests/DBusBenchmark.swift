@@ -32,6 +32,17 @@ struct DBusBenchmark {
                     + "\(Int(Double(count) / seconds)) calls/s (\(String(format: "%.1f", seconds * 1e6 / Double(count))) µs each)")
         }
 
+        var connectTimes: [Duration] = []
+        for _ in 0..<20 {
+            let start = ContinuousClock.now
+            let connection = try await bus.connect()
+            _ = try await connection.listNames()
+            connectTimes.append(ContinuousClock.now - start)
+            connection.close()
+        }
+        connectTimes.sort()
+        print("dbus-bench connect + first call: median \(connectTimes[10]), max \(connectTimes[19]) (20 connections)")
+
         try await measure("bus driver GetNameOwner", count: 20_000, inFlight: 1) {
             _ = try await client.nameOwner("org.freedesktop.DBus")
         }
