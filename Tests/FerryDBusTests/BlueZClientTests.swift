@@ -180,6 +180,44 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    @Test func repeatedInProgressRemovesTheDeviceAndRediscoversIt() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        let inProgress = DBusError(name: "org.bluez.Error.InProgress", message: "In Progress")
+        fake.state.withLock {
+            $0.connectScript = [inProgress, inProgress, nil]
+            $0.deviceAppearsOnDiscovery = true
+        }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let connector = DeviceConnector(
+            client: client, adapter: try await client.adapter(), address: FakeBlueZ.deviceAddress, sleep: { _ in })
+        var policy = ConnectRetryPolicy()
+        _ = try await connector.connect(policy: &policy)
+        let sequence = fake.calls.map { String($0.split(separator: " ")[0]) }.filter { $0.hasPrefix("Device1.") || $0.hasPrefix("Adapter1.") }
+        #expect(
+            sequence == [
+                "Device1.Connect", "Device1.Disconnect", "Device1.Connect", "Device1.Disconnect", "Adapter1.RemoveDevice",
+                "Adapter1.SetDiscoveryFilter", "Adapter1.StartDiscovery", "Adapter1.StopDiscovery", "Device1.Connect",
+            ])
+        fake.stop()
+    }
+
+    @Test func setPoweredGoesThroughPropertiesSetAndShowsInTheCache() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus, tree: FakeBlueZ.adapterOnly(powered: false))
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        #expect(await adapter.isPowered() == false)
+        try await adapter.setPowered(true)
+        try await client.objects.waitUntil(timeout: .seconds(5)) {
+            $0.properties(FakeBlueZ.adapterPath, BlueZInterface.adapter)?["Powered"]?.bool == true
+        }
+        #expect(fake.calls.contains("Properties.Set \(FakeBlueZ.adapterPath)"))
+        fake.stop()
+    }
+
     @Test func connectWaitsForThePoweredOffAdapterThenConnects() async throws {
         let bus = try TestBus()
         var tree = FakeBlueZ.adapterOnly(powered: false)
