@@ -5,7 +5,7 @@ import Testing
 /// Round-trip throughput against a real dbus-daemon. Not a timed assertion: it only runs when asked,
 /// and prints what it measured. Run it in a release build:
 ///   FERRY_DBUS_BENCH=1 swift test -c release --filter DBusBenchmark
-@Suite("FerryDBus benchmark", .enabled(if: ProcessInfo.processInfo.environment["FERRY_DBUS_BENCH"] != nil))
+@Suite("FerryDBus benchmark", .serialized, .enabled(if: ProcessInfo.processInfo.environment["FERRY_DBUS_BENCH"] != nil))
 struct DBusBenchmark {
     @Test func roundTripCallsPerSecond() async throws {
         let bus = try TestBus()
@@ -55,5 +55,33 @@ struct DBusBenchmark {
             _ = try await client.call(
                 destination: serviceName, path: "/bench", interface: "com.example.Bench", member: "Echo", arguments: payload)
         }
+    }
+
+    /// The StartNotify path's ceiling: PropertiesChanged(Value) signals from one peer to a subscriber.
+    @Test func signalsPerSecond() async throws {
+        let bus = try TestBus()
+        let emitter = try await bus.connect()
+        let client = try await bus.connect()
+        let stream = try await client.signals(
+            matching: .propertiesChanged(sender: emitter.uniqueName, interface: "org.bluez.GattCharacteristic1"))
+        let count = 50_000
+        let value = DBusValue.bytes([UInt8](repeating: 0xA5, count: 20))
+        let start = ContinuousClock.now
+        let emitting = Task {
+            for _ in 0..<count {
+                try emitter.emitSignal(
+                    path: "/org/bluez/hci0/dev_X/service0010/char0011", interface: "org.freedesktop.DBus.Properties",
+                    member: "PropertiesChanged",
+                    arguments: [.string("org.bluez.GattCharacteristic1"), .properties(["Value": value]), .strings([])])
+            }
+        }
+        var received = 0
+        for await signal in stream {
+            if signal.arguments[1].dictionary?["Value"]?.bytes?.count == 20 { received += 1 }
+            if received == count { break }
+        }
+        try await emitting.value
+        let seconds = Double((ContinuousClock.now - start) / .milliseconds(1)) / 1000
+        print("dbus-bench PropertiesChanged(Value ay[20]) signals: \(received)/\(count) in \(seconds) s = \(Int(Double(received) / seconds)) signals/s")
     }
 }

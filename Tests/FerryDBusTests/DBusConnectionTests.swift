@@ -252,6 +252,27 @@ struct DBusConnectionTests {
         _ = service
     }
 
+    @Test func losingTheBusDaemonFailsCallsAndEndsStreamsInsteadOfHanging() async throws {
+        let bus = try TestBus()
+        let service = try await startEchoService(on: bus)
+        let client = try await bus.connect()
+        let stream = try await client.signals(matching: DBusMatchRule(interface: "com.example.Nothing"))
+        let call = Task {
+            try await client.call(
+                destination: "com.example.Echo", path: "/com/example/echo", interface: "com.example.Echo", member: "Never",
+                timeout: .seconds(30))
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        let start = ContinuousClock.now
+        kill(bus.pid, SIGKILL)
+        let error = await #expect(throws: DBusError.self) { try await call.value }
+        #expect(error?.isDisconnected == true)
+        for await _ in stream {}
+        #expect(ContinuousClock.now - start < .seconds(5))
+        #expect(!client.isConnected)
+        _ = service
+    }
+
     @Test func unixFileDescriptorsPassBothWays() async throws {
         let bus = try TestBus()
         let service = try await startEchoService(on: bus)
