@@ -1,12 +1,11 @@
 import FerryDBus
-import Synchronization
 
 /// Entry point: one bus connection, one object cache, one shared discovery per adapter.
 public final class BlueZClient: Sendable {
     public let connection: DBusConnection
     public let objects: BlueZObjectCache
     private let log: DBusLogSink?
-    private let discoveries = Mutex<[String: BlueZDiscovery]>([:])
+    private let discoveries = LockedValue<[String: BlueZDiscovery]>([:])
 
     /// Uses an existing connection (tests pass one to a private bus) and starts the object cache.
     public init(connection: DBusConnection, serviceName: String = BlueZInterface.service, log: DBusLogSink? = nil)

@@ -1,9 +1,8 @@
 import FerryDBus
-import Synchronization
 
 /// A one-way latch usable from @Sendable closures.
 final class Flag: Sendable {
-    private let value = Mutex(false)
+    private let value = LockedValue(false)
     func set() { value.withLock { $0 = true } }
     var isSet: Bool { value.withLock { $0 } }
 }

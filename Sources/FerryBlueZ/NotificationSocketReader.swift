@@ -1,6 +1,5 @@
 import FerryDBus
 import Foundation
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -13,7 +12,7 @@ import Synchronization
 final class NotificationSocketReader: Sendable {
     let values: AsyncStream<[UInt8]>
     private let stopSignal: StopPipe
-    private let stopped = Mutex(false)
+    private let stopped = LockedValue(false)
 
     init(fd: DBusUnixFD, mtu: Int) throws {
         let stopSignal = try StopPipe()

@@ -1,6 +1,5 @@
 import CDBus
 import Foundation
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -37,7 +36,7 @@ final class PendingCall: Sendable {
         var outcome: Result<DBusReply, any Error>?
     }
 
-    private let state = Mutex(State())
+    private let state = LockedValue(State())
 
     func install(_ continuation: CheckedContinuation<DBusReply, any Error>) {
         let early: Result<DBusReply, any Error>? = state.withLock { s in
@@ -80,7 +79,7 @@ final class BusMailbox: Sendable {
         var closed = false
     }
 
-    private let state = Mutex(State())
+    private let state = LockedValue(State())
     /// eventfd: written by `post`, read by the loop. Owned here and closed in deinit.
     let wakeFD: Int32
 

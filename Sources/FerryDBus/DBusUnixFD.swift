@@ -1,4 +1,3 @@
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -10,11 +9,11 @@ import Synchronization
 /// is a private copy: this object closes it when it goes away unless someone took it with `take()`.
 /// BlueZ's AcquireNotify/AcquireWrite fds are the main users: closing them is how a client unsubscribes.
 public final class DBusUnixFD: Sendable, Equatable, CustomStringConvertible {
-    private let descriptor: Mutex<Int32>
+    private let descriptor: LockedValue<Int32>
 
     /// Takes ownership of `fd`.
     public init(adopting fd: Int32) {
-        descriptor = Mutex(fd)
+        descriptor = LockedValue(fd)
     }
 
     /// Duplicates `fd` (the caller keeps its own copy). Returns nil if dup fails.

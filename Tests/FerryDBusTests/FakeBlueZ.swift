@@ -1,7 +1,6 @@
 import FerryBlueZ
 import FerryDBus
 import Foundation
-import Synchronization
 
 #if canImport(Glibc)
     import Glibc
@@ -26,7 +25,7 @@ final class FakeBlueZ: Sendable {
     }
 
     let connection: DBusConnection
-    let state = Mutex(State())
+    let state = LockedValue(State())
     static let adapterPath = "/org/bluez/hci0"
     static let deviceAddress = "C0:FF:EE:00:00:01"
     static let devicePath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_01"
