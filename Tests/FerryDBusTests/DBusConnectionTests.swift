@@ -58,6 +58,21 @@ struct DBusConnectionTests {
         #expect(serviceUnknown?.name == DBusError.Name.serviceUnknown)
     }
 
+    @Test func connectingToANonexistentBusThrowsInsteadOfHanging() async throws {
+        let error = await #expect(throws: DBusError.self) {
+            try await DBusConnection.connect(to: .address("unix:path=/nonexistent/ferry-test-socket"))
+        }
+        #expect(error?.name.hasPrefix("org.freedesktop.DBus.Error.") == true)
+    }
+
+    @Test func matchRulesRenderInTheDaemonSyntaxWithQuotesEscaped() {
+        #expect(
+            DBusMatchRule.propertiesChanged(sender: "org.bluez", pathNamespace: "/org/bluez", interface: "org.bluez.Device1").ruleString
+                == "type='signal',sender='org.bluez',path_namespace='/org/bluez',interface='org.freedesktop.DBus.Properties',"
+                + "member='PropertiesChanged',arg0='org.bluez.Device1'")
+        #expect(DBusMatchRule(arg0: "it's").ruleString == "type='signal',arg0='it'\\''s'")
+    }
+
     @Test func everyTypeRoundTripsThroughAnExportedEchoObject() async throws {
         let bus = try TestBus()
         let service = try await startEchoService(on: bus)
