@@ -109,7 +109,21 @@ public struct BlueZGattCharacteristic: Sendable {
                 log?("bluez: AcquireNotify on \(path) failed (\(error)); falling back to StartNotify")
             }
         }
-        let changes = try await valueChanges()
+        // One subscription for values AND the events that end the link, so they stay in bus order: a
+        // notification sent just before the disconnect is still delivered before the stream ends.
+        let devicePath = await self.devicePath()
+        let signals = try await mappingErrors {
+            try await connection.signals(matching: [
+                DBusMatchRule(
+                    sender: service, path: path, interface: BlueZInterface.properties, member: "PropertiesChanged",
+                    arg0: BlueZInterface.gattCharacteristic),
+                DBusMatchRule(
+                    sender: service, path: devicePath, interface: BlueZInterface.properties, member: "PropertiesChanged",
+                    arg0: BlueZInterface.device),
+                .interfacesRemoved(sender: service),
+                .nameOwnerChanged(name: service),
+            ])
+        }
         do {
             try await startNotify()
         } catch let error as BlueZError where error.kind == .inProgress || error.kind == .alreadyExists {
@@ -118,17 +132,62 @@ public struct BlueZGattCharacteristic: Sendable {
         }
         let mtu = await self.mtu()
         let characteristic = self
-        // Re-wrapped so stop() also ends the stream, as closing the socket does on the other path.
+        let characteristicPath = path
         let (values, continuation) = AsyncStream<[UInt8]>.makeStream(bufferingPolicy: .unbounded)
         let forward = Task {
-            for await value in changes { continuation.yield(value) }
+            for await signal in signals {
+                switch Self.classify(signal, characteristicPath: characteristicPath, devicePath: devicePath) {
+                case .value(let bytes): continuation.yield(bytes)
+                case .linkEnded: continuation.finish()
+                case .ignore: continue
+                }
+            }
             continuation.finish()
         }
+        continuation.onTermination = { _ in forward.cancel() }
         return BlueZNotifications(method: .startNotify, mtu: mtu, values: values) {
             try? await characteristic.stopNotify()
             forward.cancel()
             continuation.finish()
         }
+    }
+
+    enum NotifySignal: Equatable {
+        case value([UInt8])
+        case linkEnded
+        case ignore
+    }
+
+    /// What one signal means for a StartNotify subscription: a value, or the end of the link
+    /// (device disconnected, characteristic/device object removed, bluetoothd gone).
+    static func classify(_ signal: DBusSignal, characteristicPath: String, devicePath: String) -> NotifySignal {
+        let args = signal.arguments
+        switch signal.member {
+        case "PropertiesChanged":
+            guard args.count >= 2, let changed = args[1].dictionary else { return .ignore }
+            if signal.path == characteristicPath, let bytes = changed["Value"]?.bytes { return .value(bytes) }
+            if signal.path == devicePath, changed["Connected"]?.bool == false { return .linkEnded }
+            return .ignore
+        case "InterfacesRemoved":
+            guard let removed = args.first?.objectPath else { return .ignore }
+            let gone = removed == characteristicPath || characteristicPath.hasPrefix(removed + "/")
+            return gone ? .linkEnded : .ignore
+        case "NameOwnerChanged":
+            return .linkEnded  // bluetoothd vanished or was replaced: its notify sessions are gone
+        default:
+            return .ignore
+        }
+    }
+
+    /// The device this characteristic belongs to: via the Service → Device properties, falling back
+    /// to BlueZ's path layout (/org/bluez/hciN/dev_XX/serviceNNNN/charNNNN).
+    func devicePath() async -> String {
+        if let servicePath = await properties()?["Service"]?.objectPath,
+            let device = await cache.properties(servicePath, BlueZInterface.gattService)?["Device"]?.objectPath
+        {
+            return device
+        }
+        return path.split(separator: "/").prefix(4).reduce("") { $0 + "/" + $1 }
     }
 
     /// Errors after which StartNotify is worth trying. Others (device gone, bluetoothd gone) would fail

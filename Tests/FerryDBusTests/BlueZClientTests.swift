@@ -390,6 +390,34 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    @Test func startNotifyStreamDeliversEverythingThenEndsWhenTheLinkDrops() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let notifications = try await data.subscribe(preferring: .startNotify)
+        #expect(notifications.method == .startNotify)
+        for i in 0..<20 {
+            try fake.setProperty(FakeBlueZ.dataPath, BlueZInterface.gattCharacteristic, "Value", .bytes([UInt8(i)]))
+        }
+        try fake.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "Connected", .bool(false))
+        var received: [[UInt8]] = []
+        for await value in notifications.values { received.append(value) }  // must end by itself
+        #expect(received == (0..<20).map { [UInt8($0)] })
+        fake.stop()
+    }
+
+    @Test func startNotifyStreamEndsWhenBluetoothdVanishes() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let notifications = try await data.subscribe(preferring: .startNotify)
+        try fake.setProperty(FakeBlueZ.dataPath, BlueZInterface.gattCharacteristic, "Value", .bytes([7]))
+        fake.stop()
+        var received: [[UInt8]] = []
+        for await value in notifications.values { received.append(value) }
+        #expect(received == [[7]])
+    }
+
     @Test func acquireNotifyThatNeverAnswersIsBoundedAndFallsBack() async throws {
         // bluetoothd 5.66 can leave AcquireNotify unanswered; the subscription must not hang.
         let bus = try TestBus()
