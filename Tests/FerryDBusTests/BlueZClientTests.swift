@@ -100,6 +100,50 @@ struct BlueZClientTests {
         second.stop()
     }
 
+    @Test func agentAnswersPairingRequestsByPolicyAndSurvivesABluetoothdRestart() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let allowed = FakeBlueZ.devicePath
+        let agent = try await BlueZAgent.register(
+            client: client,
+            policy: BlueZAgentPolicy(authorize: { $0 == allowed }, passkey: { $0 == allowed ? 123_456 : nil }))
+        let registered = fake.state.withLock { $0.agents }
+        #expect(registered.map(\.path) == ["/ferry/agent"])
+        #expect(registered.first?.capability == "NoInputNoOutput")
+        #expect(registered.first?.sender == client.connection.uniqueName)
+        #expect(fake.calls.contains("AgentManager1.RequestDefaultAgent /org/bluez"))
+
+        // bluetoothd → agent calls, as bluetoothd makes them during pairing.
+        func ask(_ member: String, _ arguments: [DBusValue]) async throws -> DBusReply {
+            try await fake.connection.call(
+                destination: client.connection.uniqueName, path: "/ferry/agent", interface: "org.bluez.Agent1",
+                member: member, arguments: arguments)
+        }
+        _ = try await ask("RequestConfirmation", [.objectPath(allowed), .uint32(42)])
+        let refused = await #expect(throws: DBusError.self) {
+            try await ask("RequestConfirmation", [.objectPath("/org/bluez/hci0/dev_66_66_66_66_66_66"), .uint32(42)])
+        }
+        #expect(refused?.name == "org.bluez.Error.Rejected")
+        #expect(try await ask("RequestPasskey", [.objectPath(allowed)]).arguments == [.uint32(123_456)])
+        _ = try await ask("Cancel", [])
+
+        // A new bluetoothd knows no agents: the agent registers itself again.
+        fake.stop()
+        let second = try await FakeBlueZ.start(on: bus)
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) { $0.byPath.isEmpty ? nil : true }
+        var again: [String] = []
+        for _ in 0..<50 {
+            again = second.state.withLock { $0.agents.map(\.path) }
+            if !again.isEmpty { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(again == ["/ferry/agent"])
+        await agent.unregister()
+        #expect(second.calls.contains("AgentManager1.UnregisterAgent /org/bluez"))
+        second.stop()
+    }
+
     @Test func discoveryIsSharedAndReferenceCounted() async throws {
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus)

@@ -22,6 +22,7 @@ final class FakeBlueZ: Sendable {
         var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
         var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
         var deviceAppearsOnDiscovery = false
+        var agents: [(sender: String, path: String, capability: String)] = []
     }
 
     let connection: DBusConnection
@@ -170,7 +171,7 @@ final class FakeBlueZ: Sendable {
     // MARK: Method handling
 
     private func exportAll() throws {
-        let paths = state.withLock { Array($0.tree.keys) } + ["/"]
+        let paths = state.withLock { Array($0.tree.keys) } + ["/", "/org/bluez"]
         for path in paths {
             try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
         }
@@ -194,6 +195,13 @@ final class FakeBlueZ: Sendable {
             guard call.arguments.count == 3, let interface = call.arguments[0].string, let name = call.arguments[1].string
             else { return fail("org.bluez.Error.InvalidArguments", "Invalid arguments") }
             try? setProperty(call.path, interface, name, call.arguments[2].unwrapped)
+            return .reply([])
+        case ("org.bluez.AgentManager1", "RegisterAgent"):
+            guard call.arguments.count == 2, let path = call.arguments[0].objectPath, let capability = call.arguments[1].string
+            else { return fail("org.bluez.Error.InvalidArguments", "") }
+            state.withLock { $0.agents.append((call.sender, path, capability)) }
+            return .reply([])
+        case ("org.bluez.AgentManager1", "RequestDefaultAgent"), ("org.bluez.AgentManager1", "UnregisterAgent"):
             return .reply([])
         case (BlueZInterface.adapter, "SetDiscoveryFilter"):
             let filter = (call.arguments.first?.dictionary ?? [:]).mapValues(\.unwrapped)
