@@ -1,0 +1,80 @@
+import FerryDBus
+
+/// Entry point: one bus connection, one object cache, one shared discovery per adapter.
+public final class BlueZClient: Sendable {
+    public let connection: DBusConnection
+    public let objects: BlueZObjectCache
+    private let log: DBusLogSink?
+    private let discoveries = LockedValue<[String: BlueZDiscovery]>([:])
+
+    /// Uses an existing connection (tests pass one to a private bus) and starts the object cache.
+    public init(connection: DBusConnection, serviceName: String = BlueZInterface.service, log: DBusLogSink? = nil)
+        async throws
+    {
+        self.connection = connection
+        self.log = log
+        objects = BlueZObjectCache(connection: connection, serviceName: serviceName, log: log)
+        try await objects.start()
+    }
+
+    /// Connects to the system bus.
+    public static func system(log: DBusLogSink? = nil) async throws -> BlueZClient {
+        let connection = try await mappingErrors { try await DBusConnection.connect(to: .system, log: log) }
+        return try await BlueZClient(connection: connection, log: log)
+    }
+
+    /// All adapters, sorted by path (hci0 first).
+    public func adapters() async -> [BlueZAdapter] {
+        await objects.snapshot.all(implementing: BlueZInterface.adapter).map { BlueZAdapter(path: $0.path, cache: objects) }
+    }
+
+    /// The adapter called `name` ("hci0"), or the first one if `name` is nil.
+    public func adapter(named name: String? = nil) async throws -> BlueZAdapter {
+        let all = await adapters()
+        if let name {
+            guard let found = all.first(where: { $0.name == name }) else {
+                throw BlueZError.notFound("no Bluetooth adapter \(name) (have: \(all.map(\.name).joined(separator: ", ")))")
+            }
+            return found
+        }
+        guard let first = all.first else {
+            let running = await objects.isServiceAvailable
+            throw BlueZError.notFound(running ? "no Bluetooth adapter" : "bluetoothd is not running")
+        }
+        return first
+    }
+
+    /// The device object for `address` on `adapter` (it exists only once discovery has seen it).
+    public func device(address: String, on adapter: BlueZAdapter) -> BlueZDevice {
+        BlueZDevice(path: adapter.devicePath(forAddress: address), cache: objects)
+    }
+
+    /// The single shared discovery of `adapter` for the Sync service.
+    public func discovery(on adapter: BlueZAdapter) -> BlueZDiscovery {
+        discoveries.withLock { all in
+            if let existing = all[adapter.path] { return existing }
+            let created = BlueZDiscovery(adapter: adapter, log: log)
+            all[adapter.path] = created
+            return created
+        }
+    }
+
+    /// Runs discovery until a device with `address` appears on `adapter`.
+    public func discover(address: String, on adapter: BlueZAdapter, timeout: Duration) async throws -> BlueZDevice {
+        let device = self.device(address: address, on: adapter)
+        if await device.properties() != nil { return device }
+        let lease = try await discovery(on: adapter).acquire()
+        do {
+            let path = device.path
+            try await objects.waitUntil(timeout: timeout) { $0.properties(path, BlueZInterface.device) != nil }
+        } catch {
+            await lease.release()
+            if let error = error as? BlueZError, error.kind == .timeout {
+                throw BlueZError.notFound("device \(address) not seen within \(timeout)")
+            }
+            throw error
+        }
+        await lease.release()
+        return device
+    }
+}

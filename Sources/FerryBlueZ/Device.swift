@@ -1,0 +1,113 @@
+import FerryDBus
+
+/// A one-way latch usable from @Sendable closures.
+final class Flag: Sendable {
+    private let value = LockedValue(false)
+    func set() { value.withLock { $0 = true } }
+    var isSet: Bool { value.withLock { $0 } }
+}
+
+/// One org.bluez.Device1 object.
+public struct BlueZDevice: Sendable {
+    public let path: String
+    public let cache: BlueZObjectCache
+    private var connection: DBusConnection { cache.connection }
+    private var service: String { cache.serviceName }
+
+    public init(path: String, cache: BlueZObjectCache) {
+        self.path = path
+        self.cache = cache
+    }
+
+    /// Properties from the cache; nil when the device object does not exist (never seen, or removed).
+    public func properties() async -> BlueZProperties? {
+        await cache.properties(path, BlueZInterface.device)
+    }
+
+    public func address() async -> String? { await properties()?["Address"]?.string }
+    public func isConnected() async -> Bool { await properties()?["Connected"]?.bool ?? false }
+    public func areServicesResolved() async -> Bool { await properties()?["ServicesResolved"]?.bool ?? false }
+
+    /// Device1.Connect. BlueZ's own LE connect gives up after its internal timeout; our deadline is the
+    /// outer bound in case bluetoothd never answers.
+    public func connect(timeout: Duration = .seconds(35)) async throws {
+        try await deviceCall("Connect", timeout: timeout)
+    }
+
+    public func disconnect(timeout: Duration = .seconds(10)) async throws {
+        try await deviceCall("Disconnect", timeout: timeout)
+    }
+
+    /// Waits until the device is connected, ServicesResolved is true AND the GATT objects the caller
+    /// needs are exported: BlueZ can report ServicesResolved before the characteristic objects appear
+    /// on the bus, so waiting on the flag alone races.
+    /// Fails early with `.notConnected` if the link drops, `.unknownObject` if the device vanishes.
+    public func waitUntilServicesResolved(
+        serviceUUID: String, characteristicUUIDs: [String], timeout: Duration = .seconds(30)
+    ) async throws -> BlueZGattService {
+        let devicePath = path
+        let seenConnected = Flag()
+        let outcome: Result<String, BlueZError> = try await cache.waitFor(timeout: timeout) { objects in
+            guard let device = objects.properties(devicePath, BlueZInterface.device) else {
+                return .failure(BlueZError(kind: .unknownObject, message: "device \(devicePath) vanished"))
+            }
+            // Connected may lag the Connect reply, so "not connected" is only terminal once we saw it
+            // connected during this wait (the link dropped while services were resolving).
+            if device["Connected"]?.bool == true { seenConnected.set() }
+            if device["Connected"]?.bool == false && seenConnected.isSet {
+                return .failure(BlueZError(kind: .notConnected, message: "link dropped before services resolved"))
+            }
+            guard device["ServicesResolved"]?.bool == true else { return nil }
+            guard let service = GattLookup.service(in: objects, device: devicePath, uuid: serviceUUID) else {
+                return nil
+            }
+            for uuid in characteristicUUIDs
+            where GattLookup.characteristic(in: objects, service: service.path, uuid: uuid) == nil {
+                return nil
+            }
+            return .success(service.path)
+        }
+        switch outcome {
+        case .success(let servicePath): return BlueZGattService(path: servicePath, cache: cache)
+        case .failure(let error): throw error
+        }
+    }
+
+    /// The GATT service with `uuid` under this device, if exported.
+    public func gattService(uuid: String) async -> BlueZGattService? {
+        let objects = await cache.snapshot
+        guard let found = GattLookup.service(in: objects, device: path, uuid: uuid) else { return nil }
+        return BlueZGattService(path: found.path, cache: cache)
+    }
+
+    /// All service UUIDs exported under this device (to tell "not a Sync peripheral" apart).
+    public func gattServiceUUIDs() async -> [String] {
+        await cache.snapshot.descendants(of: path, implementing: BlueZInterface.gattService)
+            .compactMap { $0.properties["UUID"]?.string?.lowercased() }
+    }
+
+    private func deviceCall(_ member: String, timeout: Duration) async throws {
+        _ = try await mappingErrors {
+            try await connection.call(
+                destination: service, path: path, interface: BlueZInterface.device, member: member, timeout: timeout)
+        }
+    }
+}
+
+/// Finds GATT objects in a cache snapshot. BlueZ nests them by path:
+/// device/serviceXXXX/charYYYY, and each also names its parent in a property.
+enum GattLookup {
+    static func service(in objects: BlueZObjects, device: String, uuid: String) -> (path: String, properties: BlueZProperties)? {
+        objects.descendants(of: device, implementing: BlueZInterface.gattService).first {
+            $0.properties["UUID"]?.string?.lowercased() == uuid.lowercased()
+                && ($0.properties["Device"]?.objectPath ?? device) == device
+        }
+    }
+
+    static func characteristic(in objects: BlueZObjects, service: String, uuid: String) -> (path: String, properties: BlueZProperties)? {
+        objects.descendants(of: service, implementing: BlueZInterface.gattCharacteristic).first {
+            $0.properties["UUID"]?.string?.lowercased() == uuid.lowercased()
+                && ($0.properties["Service"]?.objectPath ?? service) == service
+        }
+    }
+}

@@ -1,0 +1,84 @@
+import FerryDBus
+
+/// Drives Device1.Connect through `ConnectRetryPolicy`: it executes the recovery the policy picks
+/// (backoff, disconnect/remove on stale state, rediscovery, waiting for the adapter or bluetoothd).
+public struct DeviceConnector: Sendable {
+    public let client: BlueZClient
+    public let adapter: BlueZAdapter
+    public let address: String
+    /// How long to rediscover a vanished device, or to wait for the adapter / bluetoothd.
+    public var waitTimeout: Duration = .seconds(30)
+    private let sleep: @Sendable (Duration) async throws -> Void
+    private let now: @Sendable () -> ContinuousClock.Instant
+    private let log: DBusLogSink?
+
+    public init(
+        client: BlueZClient, adapter: BlueZAdapter, address: String, log: DBusLogSink? = nil,
+        sleep: @escaping @Sendable (Duration) async throws -> Void = { try await Task.sleep(for: $0) },
+        now: @escaping @Sendable () -> ContinuousClock.Instant = { ContinuousClock.now }
+    ) {
+        self.client = client
+        self.adapter = adapter
+        self.address = address
+        self.log = log
+        self.sleep = sleep
+        self.now = now
+    }
+
+    /// Connects, recovering as the policy says. Returns the connected device; throws the last error
+    /// (with the policy's reason) when the policy gives up.
+    public func connect(policy: inout ConnectRetryPolicy, connectTimeout: Duration = .seconds(35)) async throws
+        -> BlueZDevice
+    {
+        var device = client.device(address: address, on: adapter)
+        if await device.properties() == nil {
+            device = try await client.discover(address: address, on: adapter, timeout: waitTimeout)
+        }
+        while true {
+            try Task.checkCancellation()
+            let failure: BlueZError
+            do {
+                try await device.connect(timeout: connectTimeout)
+                policy.reset()
+                return device
+            } catch let error as BlueZError {
+                failure = error
+            }
+            let recovery = policy.next(after: failure, now: now())
+            log?("bluez: connect \(address) failed: \(failure) → \(recovery)")
+            switch recovery {
+            case .proceed:
+                policy.reset()
+                return device
+            case .retry(let delay):
+                try await sleep(delay)
+            case .resetDeviceThenRetry(let remove, let delay):
+                do { try await device.disconnect() } catch { log?("bluez: disconnect \(address): \(error)") }
+                if remove {
+                    do { try await adapter.removeDevice(device.path) } catch { log?("bluez: remove \(address): \(error)") }
+                }
+                try await sleep(delay)
+                if remove { device = try await client.discover(address: address, on: adapter, timeout: waitTimeout) }
+            case .rediscoverThenRetry(let delay):
+                try await sleep(delay)
+                device = try await client.discover(address: address, on: adapter, timeout: waitTimeout)
+            case .waitForAdapter, .waitForBluetoothd:
+                let adapterPath = adapter.path
+                do {
+                    try await client.objects.waitUntil(timeout: waitTimeout) {
+                        $0.properties(adapterPath, BlueZInterface.adapter)?["Powered"]?.bool == true
+                    }
+                } catch let error as BlueZError where error.kind == .timeout {
+                    throw BlueZError(
+                        kind: failure.kind, name: failure.name,
+                        message: "adapter \(adapter.name) not available within \(waitTimeout): \(failure.message)")
+                }
+                if await device.properties() == nil {
+                    device = try await client.discover(address: address, on: adapter, timeout: waitTimeout)
+                }
+            case .giveUp(let reason):
+                throw BlueZError(kind: failure.kind, name: failure.name, message: reason)
+            }
+        }
+    }
+}

@@ -1,0 +1,152 @@
+import FerryDBus
+
+/// Reference counting for the ONE discovery session per adapter. Pure state machine: it says what to
+/// do; `BlueZDiscovery` does it.
+///
+/// BlueZ keeps one discovery session per D-Bus client, and a second StartDiscovery from the same
+/// client fails with InProgress, while StopDiscovery ends it for every user of that client. So all
+/// users in this process share one session: the first user starts it, the last one stops it.
+public struct DiscoveryLedger: Sendable, Equatable {
+    public enum Action: Sendable, Equatable {
+        case none
+        case start
+        case stop
+    }
+
+    public private(set) var users = 0
+    /// True while BlueZ should be discovering on our behalf.
+    public private(set) var active = false
+
+    public init() {}
+
+    public mutating func acquire() -> Action {
+        users += 1
+        if active { return .none }
+        active = true
+        return .start
+    }
+
+    public mutating func release() -> Action {
+        guard users > 0 else { return .none }
+        users -= 1
+        guard users == 0, active else { return .none }
+        active = false
+        return .stop
+    }
+
+    /// The start failed: nobody is discovering, but users still count and the next acquire retries.
+    public mutating func startFailed() {
+        active = false
+    }
+
+    /// bluetoothd restarted: its session is gone. Returns .start if users still need discovery.
+    public mutating func serviceRestarted() -> Action {
+        guard users > 0 else {
+            active = false
+            return .none
+        }
+        active = true
+        return .start
+    }
+}
+
+/// Shared discovery on one adapter, with the Sync service filter. `acquire()` returns a lease;
+/// discovery stops when the last lease is released.
+public actor BlueZDiscovery {
+    public nonisolated let adapter: BlueZAdapter
+    public nonisolated let serviceUUIDs: [String]
+    private var ledger = DiscoveryLedger()
+    private let log: DBusLogSink?
+    private var restartWatcher: Task<Void, Never>?
+    private var starting: Task<Void, any Error>?
+
+    public init(adapter: BlueZAdapter, serviceUUIDs: [String] = [SyncProfile.serviceUUID], log: DBusLogSink? = nil) {
+        self.adapter = adapter
+        self.serviceUUIDs = serviceUUIDs
+        self.log = log
+    }
+
+    public var userCount: Int { ledger.users }
+
+    /// Starts discovery if nobody else has. Throws (and does not count the caller) if starting fails.
+    public func acquire() async throws -> DiscoveryLease {
+        if ledger.acquire() == .start {
+            let attempt = Task { try await start() }
+            starting = attempt
+            defer { starting = nil }
+            do {
+                try await attempt.value
+            } catch {
+                ledger.startFailed()
+                _ = ledger.release()
+                throw error
+            }
+            watchForRestarts()
+        } else if let starting {
+            // Someone else is starting it right now: share the outcome rather than run ahead of it.
+            do {
+                try await starting.value
+            } catch {
+                _ = ledger.release()
+                throw error
+            }
+        }
+        return DiscoveryLease(discovery: self)
+    }
+
+    func release() async {
+        guard ledger.release() == .stop else { return }
+        restartWatcher?.cancel()
+        restartWatcher = nil
+        do {
+            try await adapter.stopDiscovery()
+        } catch let error as BlueZError {
+            // Adapter gone or discovery already ended (e.g. bluetoothd restarted): nothing left to stop.
+            log?("bluez: StopDiscovery on \(adapter.name): \(error)")
+        } catch {
+            log?("bluez: StopDiscovery on \(adapter.name): \(error)")
+        }
+    }
+
+    private func start() async throws {
+        try await adapter.setDiscoveryFilter(serviceUUIDs: serviceUUIDs)
+        do {
+            try await adapter.startDiscovery()
+        } catch let error as BlueZError where error.kind == .inProgress {
+            // Our client already has a session (state we lost track of): it is discovering, which is what we want.
+            log?("bluez: StartDiscovery on \(adapter.name) already in progress; sharing it")
+        }
+    }
+
+    private func watchForRestarts() {
+        guard restartWatcher == nil else { return }
+        let cache = adapter.cache
+        restartWatcher = Task { [weak self] in
+            let events = await cache.events()
+            for await event in events {
+                guard case .serviceAppeared = event, let self else { continue }
+                await self.restartAfterServiceRestart()
+            }
+        }
+    }
+
+    private func restartAfterServiceRestart() async {
+        guard ledger.serviceRestarted() == .start else { return }
+        do {
+            try await start()
+            log?("bluez: discovery on \(adapter.name) restarted after bluetoothd came back")
+        } catch {
+            ledger.startFailed()
+            log?("bluez: could not restart discovery on \(adapter.name): \(error)")
+        }
+    }
+}
+
+/// Proof of one discovery user. Call `release()` exactly once when done.
+public struct DiscoveryLease: Sendable {
+    let discovery: BlueZDiscovery
+
+    public func release() async {
+        await discovery.release()
+    }
+}

@@ -1,1 +1,0 @@
-// The FerryBlueZ module. Its sources land in this folder.

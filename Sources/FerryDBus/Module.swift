@@ -1,1 +1,0 @@
-// The FerryDBus module. Its sources land in this folder.

@@ -1,0 +1,489 @@
+import FerryBlueZ
+import FerryDBus
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+import Testing
+
+/// The BlueZ client against a fake org.bluez on a real private dbus-daemon: cache, signals, restart,
+/// shared discovery, connect recovery, GATT calls and the notification paths.
+@Suite("FerryBlueZ against a fake org.bluez on a real dbus-daemon")
+struct BlueZClientTests {
+    private func clientConnection(_ bus: TestBus) async throws -> DBusConnection { try await bus.connect() }
+
+    @Test func cacheLoadsSnapshotAndFollowsSignals() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let events = await client.objects.events()
+
+        let adapter = try await client.adapter(named: "hci0")
+        #expect(await adapter.isPowered())
+        let device = client.device(address: FakeBlueZ.deviceAddress, on: adapter)
+        #expect(device.path == FakeBlueZ.devicePath)
+        #expect(await device.address() == FakeBlueZ.deviceAddress)
+
+        try fake.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "RSSI", .int16(-61))
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) {
+            $0.properties(FakeBlueZ.devicePath, BlueZInterface.device)?["RSSI"]?.int16 == -61 ? true : nil
+        }
+        for (path, interfaces) in FakeBlueZ.gattObjects() { try fake.addObject(path, interfaces) }
+        let found = try await client.objects.waitFor(timeout: .seconds(5)) { objects in
+            objects.descendants(of: FakeBlueZ.devicePath, implementing: BlueZInterface.gattCharacteristic).count == 3
+                ? true : nil
+        }
+        #expect(found)
+        try fake.removeObject(FakeBlueZ.devicePath)
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) {
+            $0.properties(FakeBlueZ.devicePath, BlueZInterface.device) == nil ? true : nil
+        }
+        #expect(await device.properties() == nil)
+
+        // The event stream saw the same changes, in order.
+        var kinds: [String] = []
+        for await event in events {
+            switch event {
+            case .propertiesChanged(let path, _, let changed, _) where path == FakeBlueZ.devicePath && changed["RSSI"] != nil:
+                kinds.append("rssi")
+            case .interfacesAdded(let path, _) where path == FakeBlueZ.servicePath: kinds.append("service")
+            case .interfacesRemoved(let path, _) where path == FakeBlueZ.devicePath: kinds.append("removed")
+            default: break
+            }
+            if kinds.count == 3 { break }
+        }
+        #expect(kinds == ["rssi", "service", "removed"])
+        fake.stop()
+    }
+
+    @Test func bluetoothdRestartDropsAndRebuildsTheCache() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let first = try await FakeBlueZ.start(on: bus, tree: tree)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let generation = await client.objects.generation
+        let events = await client.objects.events()
+
+        first.stop()  // "bluetoothd crashed"
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) { $0.byPath.isEmpty ? true : nil }
+        #expect(await client.objects.isServiceAvailable == false)
+        let missing = await #expect(throws: BlueZError.self) { try await client.adapter() }
+        #expect(missing?.kind == .notFound)
+
+        // A new bluetoothd with a different tree (it forgot the device, as a fresh one does).
+        let second = try await FakeBlueZ.start(on: bus, tree: FakeBlueZ.adapterOnly(powered: false))
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) {
+            $0.properties(FakeBlueZ.adapterPath, BlueZInterface.adapter) != nil ? true : nil
+        }
+        #expect(await client.objects.isServiceAvailable)
+        #expect(await client.objects.generation > generation)
+        #expect(await client.objects.snapshot.properties(FakeBlueZ.devicePath, BlueZInterface.device) == nil)
+        #expect(await (try client.adapter()).isPowered() == false)
+
+        var sequence: [String] = []
+        for await event in events {
+            if case .serviceVanished = event { sequence.append("vanished") }
+            if case .serviceAppeared = event { sequence.append("appeared") }
+            if sequence.count == 2 { break }
+        }
+        #expect(sequence == ["vanished", "appeared"])
+
+        // Signals from the new owner are followed (the sender filter tracked the owner change).
+        try second.setProperty(FakeBlueZ.adapterPath, BlueZInterface.adapter, "Powered", .bool(true))
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) {
+            $0.properties(FakeBlueZ.adapterPath, BlueZInterface.adapter)?["Powered"]?.bool == true ? true : nil
+        }
+        second.stop()
+    }
+
+    @Test func agentAnswersPairingRequestsByPolicyAndSurvivesABluetoothdRestart() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let allowed = FakeBlueZ.devicePath
+        let agent = try await BlueZAgent.register(
+            client: client,
+            policy: BlueZAgentPolicy(authorize: { $0 == allowed }, passkey: { $0 == allowed ? 123_456 : nil }))
+        let registered = fake.state.withLock { $0.agents }
+        #expect(registered.map(\.path) == ["/ferry/agent"])
+        #expect(registered.first?.capability == "NoInputNoOutput")
+        #expect(registered.first?.sender == client.connection.uniqueName)
+        #expect(fake.calls.contains("AgentManager1.RequestDefaultAgent /org/bluez"))
+
+        // bluetoothd → agent calls, as bluetoothd makes them during pairing.
+        func ask(_ member: String, _ arguments: [DBusValue]) async throws -> DBusReply {
+            try await fake.connection.call(
+                destination: client.connection.uniqueName, path: "/ferry/agent", interface: "org.bluez.Agent1",
+                member: member, arguments: arguments)
+        }
+        _ = try await ask("RequestConfirmation", [.objectPath(allowed), .uint32(42)])
+        let refused = await #expect(throws: DBusError.self) {
+            try await ask("RequestConfirmation", [.objectPath("/org/bluez/hci0/dev_66_66_66_66_66_66"), .uint32(42)])
+        }
+        #expect(refused?.name == "org.bluez.Error.Rejected")
+        #expect(try await ask("RequestPasskey", [.objectPath(allowed)]).arguments == [.uint32(123_456)])
+        _ = try await ask("Cancel", [])
+
+        // A new bluetoothd knows no agents: the agent registers itself again.
+        fake.stop()
+        let second = try await FakeBlueZ.start(on: bus)
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) { $0.byPath.isEmpty ? nil : true }
+        var again: [String] = []
+        for _ in 0..<50 {
+            again = second.state.withLock { $0.agents.map(\.path) }
+            if !again.isEmpty { break }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        #expect(again == ["/ferry/agent"])
+        await agent.unregister()
+        #expect(second.calls.contains("AgentManager1.UnregisterAgent /org/bluez"))
+        second.stop()
+    }
+
+    @Test func discoveryIsSharedAndReferenceCounted() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let discovery = client.discovery(on: adapter)
+        #expect(discovery === client.discovery(on: adapter))
+
+        async let a = discovery.acquire()
+        async let b = discovery.acquire()
+        let leases = try await [a, b]
+        let c = try await discovery.acquire()
+        #expect(await discovery.userCount == 3)
+        #expect(fake.calls.filter { $0.hasPrefix("Adapter1.StartDiscovery") }.count == 1)
+        let filter = fake.state.withLock { $0.discoveryFilter }
+        #expect(filter["Transport"]?.string == "le")
+        #expect(filter["UUIDs"]?.stringArray == [SyncProfile.serviceUUID])
+
+        await leases[0].release()
+        await c.release()
+        #expect(fake.calls.filter { $0.hasPrefix("Adapter1.StopDiscovery") }.isEmpty)
+        await leases[1].release()
+        #expect(fake.calls.filter { $0.hasPrefix("Adapter1.StopDiscovery") }.count == 1)
+        fake.stop()
+    }
+
+    @Test func discoverRunsSharedDiscoveryUntilTheDeviceAppears() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        fake.state.withLock { $0.deviceAppearsOnDiscovery = true }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let device = try await client.discover(address: FakeBlueZ.deviceAddress, on: adapter, timeout: .seconds(5))
+        #expect(await device.address() == FakeBlueZ.deviceAddress)
+        let adapterCalls = fake.calls.filter { $0.hasPrefix("Adapter1.") }.map { $0.split(separator: " ")[0] }
+        #expect(adapterCalls == ["Adapter1.SetDiscoveryFilter", "Adapter1.StartDiscovery", "Adapter1.StopDiscovery"])
+        #expect(await client.discovery(on: adapter).userCount == 0)
+        fake.stop()
+    }
+
+    @Test func discoverReportsAnAbsentDeviceAsNotFound() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let error = await #expect(throws: BlueZError.self) {
+            try await client.discover(address: FakeBlueZ.deviceAddress, on: adapter, timeout: .milliseconds(300))
+        }
+        #expect(error?.kind == .notFound)
+        #expect(fake.calls.contains("Adapter1.StopDiscovery \(FakeBlueZ.adapterPath)"))
+        fake.stop()
+    }
+
+    @Test func connectRecoversFromInProgressAndTransientAbort() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        fake.state.withLock {
+            $0.connectScript = [
+                DBusError(name: "org.bluez.Error.InProgress", message: "In Progress"),
+                DBusError(name: "org.bluez.Error.Failed", message: "le-connection-abort-by-local"),
+                nil,
+            ]
+        }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let slept = SleepLog()
+        let connector = DeviceConnector(
+            client: client, adapter: adapter, address: FakeBlueZ.deviceAddress, sleep: { await slept.add($0) })
+        var policy = ConnectRetryPolicy(random: { 0 })
+        let device = try await connector.connect(policy: &policy)
+        #expect(device.path == FakeBlueZ.devicePath)
+        let deviceCalls = fake.calls.filter { $0.hasPrefix("Device1.") }.map { $0.split(separator: " ")[0] }
+        #expect(deviceCalls == ["Device1.Connect", "Device1.Disconnect", "Device1.Connect", "Device1.Connect"])
+        #expect(await slept.durations == [.milliseconds(250), .milliseconds(250)])
+        #expect(policy.attempts(of: .transient) == 0)  // reset after success
+        fake.stop()
+    }
+
+    @Test func repeatedInProgressRemovesTheDeviceAndRediscoversIt() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        let inProgress = DBusError(name: "org.bluez.Error.InProgress", message: "In Progress")
+        fake.state.withLock {
+            $0.connectScript = [inProgress, inProgress, nil]
+            $0.deviceAppearsOnDiscovery = true
+        }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let connector = DeviceConnector(
+            client: client, adapter: try await client.adapter(), address: FakeBlueZ.deviceAddress, sleep: { _ in })
+        var policy = ConnectRetryPolicy()
+        _ = try await connector.connect(policy: &policy)
+        let sequence = fake.calls.map { String($0.split(separator: " ")[0]) }.filter { $0.hasPrefix("Device1.") || $0.hasPrefix("Adapter1.") }
+        #expect(
+            sequence == [
+                "Device1.Connect", "Device1.Disconnect", "Device1.Connect", "Device1.Disconnect", "Adapter1.RemoveDevice",
+                "Adapter1.SetDiscoveryFilter", "Adapter1.StartDiscovery", "Adapter1.StopDiscovery", "Device1.Connect",
+            ])
+        fake.stop()
+    }
+
+    @Test func setPoweredGoesThroughPropertiesSetAndShowsInTheCache() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus, tree: FakeBlueZ.adapterOnly(powered: false))
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        #expect(await adapter.isPowered() == false)
+        try await adapter.setPowered(true)
+        try await client.objects.waitUntil(timeout: .seconds(5)) {
+            $0.properties(FakeBlueZ.adapterPath, BlueZInterface.adapter)?["Powered"]?.bool == true
+        }
+        #expect(fake.calls.contains("Properties.Set \(FakeBlueZ.adapterPath)"))
+        fake.stop()
+    }
+
+    @Test func connectWaitsForThePoweredOffAdapterThenConnects() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly(powered: false)
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        fake.state.withLock { $0.connectScript = [DBusError(name: "org.bluez.Error.NotReady", message: "Resource Not Ready")] }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let connector = DeviceConnector(
+            client: client, adapter: try await client.adapter(), address: FakeBlueZ.deviceAddress, sleep: { _ in })
+        let connecting = Task {
+            var policy = ConnectRetryPolicy()
+            return try await connector.connect(policy: &policy)
+        }
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(fake.calls.filter { $0.hasPrefix("Device1.Connect") }.count == 1)  // waiting, not retrying
+        try fake.setProperty(FakeBlueZ.adapterPath, BlueZInterface.adapter, "Powered", .bool(true))
+        let device = try await connecting.value
+        #expect(await device.isConnected())
+        #expect(fake.calls.filter { $0.hasPrefix("Device1.Connect") }.count == 2)
+        fake.stop()
+    }
+
+    @Test func connectGivesUpOnPermanentErrorsWithTheBlueZKind() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        fake.state.withLock { $0.connectScript = [DBusError(name: "org.bluez.Error.NotSupported", message: "nope")] }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let connector = DeviceConnector(
+            client: client, adapter: try await client.adapter(), address: FakeBlueZ.deviceAddress, sleep: { _ in })
+        var policy = ConnectRetryPolicy()
+        let error = await #expect(throws: BlueZError.self) { try await connector.connect(policy: &policy) }
+        #expect(error?.kind == .notSupported)
+        fake.stop()
+    }
+
+    @Test func servicesResolvedWaitsForTheGattObjectsToBeExported() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true)
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
+
+        let waiter = Task {
+            try await device.waitUntilServicesResolved(
+                serviceUUID: SyncProfile.serviceUUID,
+                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(5))
+        }
+        // bluetoothd flags ServicesResolved first; the objects come later.
+        try fake.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "ServicesResolved", .bool(true))
+        try await Task.sleep(for: .milliseconds(200))
+        let gatt = FakeBlueZ.gattObjects()
+        try fake.addObject(FakeBlueZ.servicePath, gatt[FakeBlueZ.servicePath]!)
+        try fake.addObject(FakeBlueZ.dataPath, gatt[FakeBlueZ.dataPath]!)
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(!waiter.isCancelled)
+        try fake.addObject(FakeBlueZ.controlPath, gatt[FakeBlueZ.controlPath]!)
+        let service = try await waiter.value
+        #expect(service.path == FakeBlueZ.servicePath)
+        #expect(await service.characteristic(uuid: SyncProfile.streamInfoUUID) == nil)  // never exported here
+        #expect(await service.characteristic(uuid: SyncProfile.controlUUID)?.path == FakeBlueZ.controlPath)
+        fake.stop()
+    }
+
+    @Test func servicesResolvedFailsFastWhenTheDeviceVanishes() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true)
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
+        let waiter = Task {
+            try await device.waitUntilServicesResolved(
+                serviceUUID: SyncProfile.serviceUUID, characteristicUUIDs: [], timeout: .seconds(20))
+        }
+        try await Task.sleep(for: .milliseconds(100))
+        let start = ContinuousClock.now
+        try fake.removeObject(FakeBlueZ.devicePath)
+        let error = await #expect(throws: BlueZError.self) { try await waiter.value }
+        #expect(error?.kind == .unknownObject)
+        #expect(ContinuousClock.now - start < .seconds(5))
+        fake.stop()
+    }
+
+    private func connectedGattFake(_ bus: TestBus) async throws -> (FakeBlueZ, BlueZClient, BlueZGattService) {
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true, resolved: true)
+        tree.merge(FakeBlueZ.gattObjects()) { _, new in new }
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
+        let service = try await device.waitUntilServicesResolved(
+            serviceUUID: SyncProfile.serviceUUID.uppercased(), characteristicUUIDs: [SyncProfile.dataUUID])
+        #expect(await device.gattServiceUUIDs() == [SyncProfile.serviceUUID])
+        return (fake, client, service)
+    }
+
+    @Test func readAndWriteValueUseBlueZShapes() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let info = try await service.requireCharacteristic(uuid: SyncProfile.streamInfoUUID)
+        let bytes = try await info.readValue()
+        #expect(bytes.count == 26)
+        #expect(bytes[0] == 1)
+        #expect(bytes[25] == UInt8(5000 & 0xFF))
+        let control = try await service.requireCharacteristic(uuid: SyncProfile.controlUUID)
+        #expect(await control.flags() == ["write", "write-without-response"])
+        #expect(await control.mtu() == 247)
+        let syncReq: [UInt8] = [0xA5, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0x14, 0x9C, 0xA9]
+        try await control.writeValue(syncReq, type: .command)
+        try await control.writeValue(syncReq, type: .request)
+        let writes = fake.state.withLock { $0.writes }
+        #expect(writes.map(\.type) == ["command", "request"])
+        #expect(writes.allSatisfy { $0.bytes == syncReq })
+        fake.stop()
+    }
+
+    @Test func acquireWriteGivesASocketWhoseWritesArriveWhole() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let control = try await service.requireCharacteristic(uuid: SyncProfile.controlUUID)
+        let (fd, mtu) = try await control.acquireWrite()
+        #expect(mtu == 247)
+        let frame: [UInt8] = [0xA5, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x14, 0, 0, 0x71, 0x49]
+        #expect(frame.withUnsafeBytes { write(fd.rawValue, $0.baseAddress, $0.count) } == frame.count)
+        #expect(fake.receiveAcquiredWrite() == frame)
+        fd.close()
+        fake.stop()
+    }
+
+    @Test func acquireNotifyDeliversEachNotificationAndEndsOnLinkLoss() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let notifications = try await data.subscribe(preferring: .acquireNotify)
+        #expect(notifications.method == .acquireNotify)
+        #expect(notifications.mtu == 247)
+        let sent = (0..<50).map { i in [UInt8](repeating: UInt8(i), count: 20 + i % 200) }
+        for payload in sent { #expect(fake.notifyThroughSocket(payload)) }
+        fake.dropNotifySocket()
+        var received: [[UInt8]] = []
+        for await value in notifications.values { received.append(value) }  // ends at end-of-file
+        #expect(received == sent)
+        fake.stop()
+    }
+
+    @Test func fallsBackToStartNotifyWhenAcquireNotifyIsRefused() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        fake.state.withLock {
+            $0.acquireNotifyError = DBusError(name: "org.bluez.Error.NotPermitted", message: "Notify acquired")
+        }
+        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let notifications = try await data.subscribe(preferring: .acquireNotify)
+        #expect(notifications.method == .startNotify)
+        #expect(fake.calls.contains("GattCharacteristic1.StartNotify \(FakeBlueZ.dataPath)"))
+        for i in 0..<10 {
+            try fake.setProperty(FakeBlueZ.dataPath, BlueZInterface.gattCharacteristic, "Value", .bytes([UInt8(i), 0xA5]))
+        }
+        var received: [[UInt8]] = []
+        for await value in notifications.values {
+            received.append(value)
+            if received.count == 10 { break }
+        }
+        #expect(received == (0..<10).map { [UInt8($0), 0xA5] })
+        await notifications.stop()
+        #expect(fake.calls.contains("GattCharacteristic1.StopNotify \(FakeBlueZ.dataPath)"))
+        fake.stop()
+    }
+
+    @Test func startNotifyStreamDeliversEverythingThenEndsWhenTheLinkDrops() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let notifications = try await data.subscribe(preferring: .startNotify)
+        #expect(notifications.method == .startNotify)
+        for i in 0..<20 {
+            try fake.setProperty(FakeBlueZ.dataPath, BlueZInterface.gattCharacteristic, "Value", .bytes([UInt8(i)]))
+        }
+        try fake.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "Connected", .bool(false))
+        var received: [[UInt8]] = []
+        for await value in notifications.values { received.append(value) }  // must end by itself
+        #expect(received == (0..<20).map { [UInt8($0)] })
+        fake.stop()
+    }
+
+    @Test func startNotifyStreamEndsWhenBluetoothdVanishes() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let notifications = try await data.subscribe(preferring: .startNotify)
+        try fake.setProperty(FakeBlueZ.dataPath, BlueZInterface.gattCharacteristic, "Value", .bytes([7]))
+        fake.stop()
+        var received: [[UInt8]] = []
+        for await value in notifications.values { received.append(value) }
+        #expect(received == [[7]])
+    }
+
+    @Test func acquireNotifyThatNeverAnswersIsBoundedAndFallsBack() async throws {
+        // bluetoothd 5.66 can leave AcquireNotify unanswered; the subscription must not hang.
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        // Route the characteristic's AcquireNotify to a handler that never answers.
+        try fake.connection.export(path: FakeBlueZ.dataPath) { call in
+            if call.member == "AcquireNotify" {
+                try? await Task.sleep(for: .seconds(60))
+                return .reply([])
+            }
+            return .reply([])
+        }
+        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let start = ContinuousClock.now
+        let notifications = try await data.subscribe(preferring: .acquireNotify, acquireTimeout: .milliseconds(300))
+        #expect(notifications.method == .startNotify)
+        #expect(ContinuousClock.now - start < .seconds(3))
+        fake.stop()
+    }
+}
+
+actor SleepLog {
+    var durations: [Duration] = []
+    func add(_ d: Duration) { durations.append(d) }
+}

@@ -1,0 +1,268 @@
+import FerryBlueZ
+import FerryDBus
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A minimal org.bluez-shaped service on a private bus: an ObjectManager at "/", an adapter, devices,
+/// GATT objects, and just enough method behaviour to exercise the client's plumbing. It is NOT a model
+/// of bluetoothd's radio behaviour; real BlueZ runs in the VM test bed.
+final class FakeBlueZ: Sendable {
+    typealias Tree = [String: [String: [String: DBusValue]]]
+
+    struct State {
+        var tree: Tree = [:]
+        var calls: [String] = []  // "Interface.Member path" in arrival order
+        var connectScript: [DBusError?] = []  // popped per Connect; nil = success
+        var discoveryFilter: [String: DBusValue] = [:]
+        var writes: [(bytes: [UInt8], type: String)] = []
+        var acquireNotifyError: DBusError?
+        var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
+        var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
+        var deviceAppearsOnDiscovery = false
+        var agents: [(sender: String, path: String, capability: String)] = []
+    }
+
+    let connection: DBusConnection
+    let state = LockedValue(State())
+    static let adapterPath = "/org/bluez/hci0"
+    static let deviceAddress = "C0:FF:EE:00:00:01"
+    static let devicePath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_01"
+    static let servicePath = devicePath + "/service0010"
+    static let dataPath = servicePath + "/char0011"
+    static let controlPath = servicePath + "/char0014"
+    static let streamInfoPath = servicePath + "/char0016"
+
+    private init(connection: DBusConnection) {
+        self.connection = connection
+    }
+
+    static func start(on bus: TestBus, tree: Tree = FakeBlueZ.adapterOnly()) async throws -> FakeBlueZ {
+        let fake = FakeBlueZ(connection: try await bus.connect())
+        fake.state.withLock { $0.tree = tree }
+        try fake.exportAll()
+        try await fake.connection.requestName("org.bluez")
+        return fake
+    }
+
+    func stop() {
+        let peer = state.withLock { s -> Int32 in
+            let p = s.notifyPeer
+            s.notifyPeer = -1
+            return p
+        }
+        if peer >= 0 { close(peer) }
+        let writePeer = state.withLock { s -> Int32 in
+            let p = s.writePeer
+            s.writePeer = -1
+            return p
+        }
+        if writePeer >= 0 { close(writePeer) }
+        connection.close()
+    }
+
+    var calls: [String] { state.withLock { $0.calls } }
+
+    // MARK: Trees
+
+    static func adapterOnly(powered: Bool = true) -> Tree {
+        [
+            adapterPath: [
+                BlueZInterface.adapter: [
+                    "Address": .string("00:AA:BB:CC:DD:EE"), "Powered": .bool(powered), "Discovering": .bool(false),
+                ]
+            ]
+        ]
+    }
+
+    static func deviceInterfaces(connected: Bool = false, resolved: Bool = false) -> [String: [String: DBusValue]] {
+        [
+            BlueZInterface.device: [
+                "Address": .string(deviceAddress), "Adapter": .objectPath(adapterPath), "Connected": .bool(connected),
+                "ServicesResolved": .bool(resolved), "UUIDs": .strings([SyncProfile.serviceUUID]),
+            ]
+        ]
+    }
+
+    static func gattObjects() -> Tree {
+        func characteristic(_ uuid: String, _ flags: [String]) -> [String: [String: DBusValue]] {
+            [
+                BlueZInterface.gattCharacteristic: [
+                    "UUID": .string(uuid), "Service": .objectPath(servicePath), "Flags": .strings(flags),
+                    "Notifying": .bool(false), "MTU": .uint16(247),
+                ]
+            ]
+        }
+        return [
+            servicePath: [
+                BlueZInterface.gattService: [
+                    "UUID": .string(SyncProfile.serviceUUID), "Device": .objectPath(devicePath), "Primary": .bool(true),
+                ]
+            ],
+            dataPath: characteristic(SyncProfile.dataUUID, ["notify"]),
+            controlPath: characteristic(SyncProfile.controlUUID, ["write", "write-without-response"]),
+            streamInfoPath: characteristic(SyncProfile.streamInfoUUID, ["read"]),
+        ]
+    }
+
+    // MARK: Mutations that emit the signals bluetoothd would
+
+    func addObject(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
+        state.withLock { $0.tree[path, default: [:]].merge(interfaces) { _, new in new } }
+        try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
+        try connection.emitSignal(
+            path: "/", interface: BlueZInterface.objectManager, member: "InterfacesAdded",
+            arguments: [.objectPath(path), Self.encode(interfaces)])
+    }
+
+    func removeObject(_ path: String) throws {
+        let names = state.withLock { s -> [String] in
+            let names = s.tree[path].map { Array($0.keys).sorted() } ?? []
+            s.tree[path] = nil
+            return names
+        }
+        connection.unexport(path: path)
+        try connection.emitSignal(
+            path: "/", interface: BlueZInterface.objectManager, member: "InterfacesRemoved",
+            arguments: [.objectPath(path), .strings(names)])
+    }
+
+    func setProperty(_ path: String, _ interface: String, _ name: String, _ value: DBusValue) throws {
+        state.withLock { $0.tree[path]?[interface]?[name] = value }
+        try connection.emitSignal(
+            path: path, interface: BlueZInterface.properties, member: "PropertiesChanged",
+            arguments: [.string(interface), .properties([name: value]), .strings([])])
+    }
+
+    /// Writes one notification into the AcquireNotify socket (one datagram = one notification).
+    func notifyThroughSocket(_ bytes: [UInt8]) -> Bool {
+        let fd = state.withLock { $0.notifyPeer }
+        guard fd >= 0 else { return false }
+        return bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } == bytes.count
+    }
+
+    /// Reads one datagram the client wrote through its AcquireWrite socket.
+    func receiveAcquiredWrite() -> [UInt8]? {
+        let fd = state.withLock { $0.writePeer }
+        guard fd >= 0 else { return nil }
+        var buffer = [UInt8](repeating: 0, count: 600)
+        let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
+        return n >= 0 ? Array(buffer[0..<n]) : nil
+    }
+
+    /// Closes our end of the notify socket: the client sees end-of-file, as on link loss.
+    func dropNotifySocket() {
+        let fd = state.withLock { s -> Int32 in
+            let fd = s.notifyPeer
+            s.notifyPeer = -1
+            return fd
+        }
+        if fd >= 0 { close(fd) }
+    }
+
+    static func encode(_ interfaces: [String: [String: DBusValue]]) -> DBusValue {
+        .dict(
+            keySignature: "s", valueSignature: "a{sv}",
+            interfaces.sorted { $0.key < $1.key }.map { DBusDictEntry(key: .string($0.key), value: .properties($0.value)) })
+    }
+
+    // MARK: Method handling
+
+    private func exportAll() throws {
+        let paths = state.withLock { Array($0.tree.keys) } + ["/", "/org/bluez"]
+        for path in paths {
+            try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
+        }
+    }
+
+    private func fail(_ name: String, _ message: String) -> DBusMethodResult {
+        .error(DBusError(name: name, message: message))
+    }
+
+    private func handle(_ call: DBusMethodCall) async -> DBusMethodResult {
+        state.withLock { $0.calls.append("\(call.interface.split(separator: ".").last ?? "").\(call.member) \(call.path)") }
+        switch (call.interface, call.member) {
+        case (BlueZInterface.objectManager, "GetManagedObjects"):
+            let tree = state.withLock { $0.tree }
+            return .reply([
+                .dict(
+                    keySignature: "o", valueSignature: "a{sa{sv}}",
+                    tree.sorted { $0.key < $1.key }.map { DBusDictEntry(key: .objectPath($0.key), value: Self.encode($0.value)) })
+            ])
+        case (BlueZInterface.properties, "Set"):
+            guard call.arguments.count == 3, let interface = call.arguments[0].string, let name = call.arguments[1].string
+            else { return fail("org.bluez.Error.InvalidArguments", "Invalid arguments") }
+            try? setProperty(call.path, interface, name, call.arguments[2].unwrapped)
+            return .reply([])
+        case ("org.bluez.AgentManager1", "RegisterAgent"):
+            guard call.arguments.count == 2, let path = call.arguments[0].objectPath, let capability = call.arguments[1].string
+            else { return fail("org.bluez.Error.InvalidArguments", "") }
+            state.withLock { $0.agents.append((call.sender, path, capability)) }
+            return .reply([])
+        case ("org.bluez.AgentManager1", "RequestDefaultAgent"), ("org.bluez.AgentManager1", "UnregisterAgent"):
+            return .reply([])
+        case (BlueZInterface.adapter, "SetDiscoveryFilter"):
+            let filter = (call.arguments.first?.dictionary ?? [:]).mapValues(\.unwrapped)
+            state.withLock { $0.discoveryFilter = filter }
+            return .reply([])
+        case (BlueZInterface.adapter, "StartDiscovery"):
+            try? setProperty(call.path, BlueZInterface.adapter, "Discovering", .bool(true))
+            if state.withLock({ $0.deviceAppearsOnDiscovery }) {
+                try? addObject(Self.devicePath, Self.deviceInterfaces())
+            }
+            return .reply([])
+        case (BlueZInterface.adapter, "StopDiscovery"):
+            try? setProperty(call.path, BlueZInterface.adapter, "Discovering", .bool(false))
+            return .reply([])
+        case (BlueZInterface.adapter, "RemoveDevice"):
+            guard let path = call.arguments.first?.objectPath else { return fail("org.bluez.Error.InvalidArguments", "") }
+            try? removeObject(path)
+            return .reply([])
+        case (BlueZInterface.device, "Connect"):
+            let scripted = state.withLock { s -> DBusError?? in s.connectScript.isEmpty ? .none : s.connectScript.removeFirst() }
+            if case .some(.some(let error)) = scripted { return .error(error) }
+            try? setProperty(call.path, BlueZInterface.device, "Connected", .bool(true))
+            return .reply([])
+        case (BlueZInterface.device, "Disconnect"):
+            try? setProperty(call.path, BlueZInterface.device, "Connected", .bool(false))
+            return .reply([])
+        case (BlueZInterface.gattCharacteristic, "ReadValue"):
+            // STREAM_INFO: version 1, flags 0, epoch 7, oldest 1, head 5000.
+            var bytes: [UInt8] = [1, 0]
+            for field: UInt64 in [7, 1, 5000] { bytes += (0..<8).reversed().map { UInt8(truncatingIfNeeded: field >> ($0 * 8)) } }
+            return .reply([.bytes(bytes)])
+        case (BlueZInterface.gattCharacteristic, "WriteValue"):
+            let bytes = call.arguments.first?.bytes ?? []
+            let type = call.arguments.count > 1 ? (call.arguments[1].dictionary?["type"]?.string ?? "") : ""
+            state.withLock { $0.writes.append((bytes, type)) }
+            return .reply([])
+        case (BlueZInterface.gattCharacteristic, "AcquireNotify"):
+            if let error = state.withLock({ $0.acquireNotifyError }) { return .error(error) }
+            var pair: [Int32] = [-1, -1]
+            guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else {
+                return fail("org.bluez.Error.Failed", "socketpair failed")
+            }
+            state.withLock { $0.notifyPeer = pair[1] }
+            try? setProperty(call.path, BlueZInterface.gattCharacteristic, "NotifyAcquired", .bool(true))
+            // The reply carries a duplicate; our copy of the client's end is released with the value.
+            return .reply([.unixFD(DBusUnixFD(adopting: pair[0])), .uint16(247)])
+        case (BlueZInterface.gattCharacteristic, "AcquireWrite"):
+            var pair: [Int32] = [-1, -1]
+            guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else {
+                return fail("org.bluez.Error.Failed", "socketpair failed")
+            }
+            state.withLock { $0.writePeer = pair[1] }
+            return .reply([.unixFD(DBusUnixFD(adopting: pair[0])), .uint16(247)])
+        case (BlueZInterface.gattCharacteristic, "StartNotify"):
+            try? setProperty(call.path, BlueZInterface.gattCharacteristic, "Notifying", .bool(true))
+            return .reply([])
+        case (BlueZInterface.gattCharacteristic, "StopNotify"):
+            try? setProperty(call.path, BlueZInterface.gattCharacteristic, "Notifying", .bool(false))
+            return .reply([])
+        default:
+            return .unknownMethod(call)
+        }
+    }
+}
