@@ -35,7 +35,7 @@ let package = Package(
         // Wiring: drives sessions against a transport and the store.
         .target(name: "FerryGateway", dependencies: ["FerryProtocol", "FerryStore", "FerryUplink", "FerryBlueZ"]),
         // Command line: argument parsing and subcommands (library so tests can call it in-process).
-        .target(name: "FerryCLI", dependencies: ["FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator"]),
+        .target(name: "FerryCLI", dependencies: ["FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"]),
         .executableTarget(name: "ferry", dependencies: ["FerryCLI"]),
 
         .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol"]),

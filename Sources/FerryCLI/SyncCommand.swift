@@ -1,0 +1,185 @@
+import FerryBlueZ
+import FerryDBus
+import FerryGateway
+import FerryProtocol
+import FerryStore
+import Foundation
+
+enum SyncCommand {
+    static let help = """
+        Usage: ferry sync --address ADDR [--adapter hciN] --db PATH [--timeout S] [--json] [options]
+
+        One sync with one peripheral, for technicians and tests: connect through BlueZ, run the session until
+        the peripheral is caught up (every buffered event committed and acknowledged), send the final
+        SYNC_ACK, disconnect, print a summary. Never acknowledges a frame that is not committed.
+
+        Options:
+          --address ADDR     the peripheral, AA:BB:CC:DD:EE:FF (discovered first if BlueZ does not know it)
+          --adapter hciN     the Bluetooth adapter (default: the first one)
+          --db PATH          the gateway store (created if missing)
+          --timeout S        give up after S seconds (default 120); what is committed stays committed
+          --window N         frames the peripheral may send beyond the last ACK (default 20)
+          --notify MODE      acquire (AcquireNotify, falling back to StartNotify; default) | start (StartNotify)
+          --bus ADDRESS      D-Bus address of the bus bluetoothd is on (default: the system bus)
+          --json             print one JSON object: {"address","result","frames_stored","duplicates","gaps",
+                             "regressions","corrupt","epoch","cursor","notify_path","mtu","duration_seconds"}
+          --verbose          log connection steps on stderr
+
+        Exit status: 0 caught up; 1 failed (adapter missing, device not found, not a Sync peripheral, timeout,
+        link lost before catching up; the message says which); 2 usage error.
+        """
+
+    static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
+        let args = try ParsedArguments(
+            arguments, command: "sync",
+            options: ["--address", "--adapter", "--db", "--timeout", "--window", "--notify", "--bus"],
+            flags: ["--json", "--verbose"])
+        guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
+        let address = try FerryCommandLine.address(try args.required("--address", command: "sync"), option: "--address")
+        let dbPath = try args.required("--db", command: "sync")
+        let timeout = try args.number("--timeout", default: 120, minimum: 1)
+        let window = try args.integer("--window", UInt16.self, default: 20, range: 1...UInt16.max)
+        let notify: GattNotifyMethod
+        switch args.values["--notify"] ?? "acquire" {
+        case "acquire": notify = .acquireNotify
+        case "start": notify = .startNotify
+        case let other: throw UsageError("--notify must be acquire or start, got '\(other)'")
+        }
+        let adapterName = args.values["--adapter"]
+        let bus = args.values["--bus"]
+        let json = args.flags.contains("--json")
+        let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .warning)
+        _ = try FerryCommandLine.openStore(dbPath, create: true)  // fail on a bad store before touching the radio
+
+        var settings = SyncSession.Configuration()
+        settings.window = window
+        let configuration = settings
+        let outcome = try AsyncBridge.run(cancelOnSignals: true) {
+            try await sync(
+                address: address, adapterName: adapterName, dbPath: dbPath, bus: bus, timeout: timeout,
+                configuration: configuration, notify: notify, log: log)
+        }
+        let s = outcome.summary
+        if json {
+            output.out(
+                JSON.object([
+                    ("address", .string(address.string)), ("result", .string(outcome.result)),
+                    ("frames_stored", .int(s.framesStored)), ("duplicates", .int(s.duplicates)),
+                    ("gaps", .int(s.gapsRecorded)), ("regressions", .int(s.regressions)), ("corrupt", .int(s.corrupt)),
+                    ("epoch", .string(String(s.epoch))), ("cursor", .string(String(s.cursor))),
+                    ("notify_path", .string(outcome.notifyPath)), ("mtu", outcome.mtu.map { .int(Int($0)) } ?? .null),
+                    ("duration_seconds", .double((outcome.seconds * 1000).rounded() / 1000)),
+                ]).text)
+        } else {
+            output.out(
+                "sync \(address): \(outcome.result); \(s.framesStored) frames stored, \(s.duplicates) duplicates, "
+                    + "\(s.gapsRecorded) gaps, \(s.regressions) regressions, \(s.corrupt) corrupt; epoch \(s.epoch) "
+                    + "cursor \(s.cursor); notify via \(outcome.notifyPath)"
+                    + (outcome.mtu.map { " (MTU \($0))" } ?? "") + String(format: "; %.2f s", outcome.seconds))
+        }
+        guard outcome.result == "caught up" else {
+            throw CommandFailure("sync \(address) did not finish: \(outcome.result)")
+        }
+        return 0
+    }
+
+    struct Outcome: Sendable {
+        var summary: SyncSummary
+        var result: String
+        var notifyPath: String
+        var mtu: UInt16?
+        var seconds: Double
+    }
+
+    static func sync(
+        address: PeripheralAddress, adapterName: String?, dbPath: String, bus: String?, timeout: Double,
+        configuration: SyncSession.Configuration, notify: GattNotifyMethod, log: any LogSink
+    ) async throws -> Outcome {
+        let started = ContinuousClock.now
+        let deadline = started + .milliseconds(Int64(timeout * 1000))
+        func remaining() -> Duration { max(.milliseconds(100), deadline - ContinuousClock.now) }
+        func seconds() -> Double {
+            let d = ContinuousClock.now - started
+            return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
+        }
+
+        let client: BlueZClient
+        do {
+            let connection = try await DBusConnection.connect(
+                to: bus.map { .address($0) } ?? .system, defaultCallTimeout: .seconds(25))
+            client = try await BlueZClient(connection: connection)
+        } catch {
+            throw CommandFailure("cannot reach bluetoothd on the system bus: \(error)")
+        }
+        let adapter: BlueZAdapter
+        do { adapter = try await client.adapter(named: adapterName) } catch {
+            throw CommandFailure("adapter missing: \(error)")
+        }
+        guard await adapter.isPowered() else {
+            throw CommandFailure("adapter \(adapter.name) is powered off (bluetoothctl power on)")
+        }
+        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) {
+            log.log(.info, $0)
+        }
+        connector.waitTimeout = min(remaining(), .seconds(30))
+        var policy = ConnectRetryPolicy()
+        let device: BlueZDevice
+        do {
+            device = try await connector.connect(policy: &policy, connectTimeout: min(remaining(), .seconds(35)))
+        } catch let error as BlueZError where error.kind == .timeout || error.kind == .unknownObject {
+            throw CommandFailure("device \(address) not found on \(adapter.name): \(error)")
+        } catch {
+            throw CommandFailure("cannot connect to \(address): \(error)")
+        }
+        log.log(.info, "connected to \(address)")
+
+        // ServicesResolved first; then the Sync service must show up (BlueZ may export it a moment later).
+        let service: BlueZGattService
+        do {
+            let devicePath = device.path
+            try await client.objects.waitUntil(timeout: min(remaining(), .seconds(30))) {
+                $0.properties(devicePath, BlueZInterface.device)?["ServicesResolved"]?.bool == true
+            }
+            service = try await device.waitUntilServicesResolved(
+                serviceUUID: SyncProfile.serviceUUID,
+                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(3))
+        } catch {
+            let uuids = await device.gattServiceUUIDs()
+            try? await device.disconnect()
+            if !uuids.isEmpty && !uuids.contains(SyncProfile.serviceUUID) {
+                throw CommandFailure("\(address) is not a Sync peripheral (its services: \(uuids.joined(separator: ", ")))")
+            }
+            throw CommandFailure("services of \(address) did not resolve: \(error)")
+        }
+
+        let store = try GatewayStore(path: dbPath)
+        let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
+        let transport = try await BlueZSyncTransport(
+            device: device, service: service, events: continuation, preferredNotify: notify, log: log)
+        let runner = SyncSessionRunner(
+            peripheral: address, store: store, transport: transport, configuration: configuration, log: log)
+        // The overall timeout and Ctrl-C both end the session the graceful way: commit, ACK, disconnect.
+        let stopper = Task {
+            try? await Task.sleep(for: remaining())
+            continuation.yield(.stop)
+        }
+        await withTaskCancellationHandler {
+            await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation)
+        } onCancel: {
+            continuation.yield(.stop)
+        }
+        stopper.cancel()
+        continuation.finish()
+        let reason = runner.summary.disconnectReason ?? "link lost"
+        let result: String
+        switch reason {
+        case "caughtUp": result = "caught up"
+        case "shutdown": result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
+        case "noResponse": result = "no response from the peripheral after 3 SYNC_REQs"
+        default: result = runner.summary.backpressure ? "store over its disk budget" : reason
+        }
+        return Outcome(
+            summary: runner.summary, result: result, notifyPath: transport.notifyMethod?.rawValue ?? "none",
+            mtu: transport.mtu, seconds: seconds())
+    }
+}
