@@ -423,6 +423,42 @@ def test_401_pauses_then_token_rewrite_delivers(work, rng):
     check("401" in output or "unauthorized" in output.lower(), "the pause was not logged: %r" % output[-500:])
 
 
+def test_token_file_unusable_during_pause(work, rng):
+    """An operator rotating the token after a 401 writes the new file with the default 0644 and then
+    chmods it. The forwarder re-reads the file in between: it must log the problem and stay paused (the
+    daemon must not die over it), then deliver once the file is 0600."""
+    db = make_store(work, 300, rng)
+    right = "right-%x" % rng.getrandbits(64)
+    backend = Backend(work, "--token", right).start()
+    token_file = os.path.join(work, "token")
+    write_token(token_file, "wrong-%x" % rng.getrandbits(64))
+    err_path = os.path.join(work, "forward.err")
+    with open(err_path, "w") as err:
+        process = subprocess.Popen([FERRY, "forward", "--db", db, "--endpoint", backend.url, "--token-file",
+                                    token_file, "--until-empty", "--max-in-flight", "1", "--timeout",
+                                    REQUEST_TIMEOUT], stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        wait_for(lambda: backend.stats()["unauthorized"] >= 1, 30, "a 401 answer")
+        write_token(token_file, right, mode=0o644)
+        wait_for(lambda: "too open" in open(err_path).read() or process.poll() is not None, 30,
+                 "the forwarder to re-read the 0644 token file")
+        check(process.poll() is None, "ferry forward exited (rc %s) when the re-read token file was 0644: %s"
+              % (process.returncode, open(err_path).read().strip()[-300:]))
+        os.chmod(token_file, 0o600)
+        try:
+            rc = process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            raise Failure("ferry did not deliver within 90 s of the token file being fixed")
+        check(rc == 0, "forward exited %d after the token file was fixed" % rc)
+        assert_delivered_exactly_once(db, backend)
+        check(right not in open(err_path).read(), "the token appeared in the log")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        backend.stop()
+
+
 def test_token_file_permissions(work, rng):
     """A token file readable by others is refused at start-up: one line, non-zero, no token printed,
     nothing sent."""
@@ -499,6 +535,44 @@ def test_sigkill_at_random_moments(work, rng):
         backend.stop()
 
 
+def test_forward_while_ingesting(work, rng):
+    """The deployed shape: one process commits windows while `ferry forward` drains the same file (WAL,
+    busy timeout). Six captures are ingested one after another while forward runs with faults; then
+    forward is stopped with SIGTERM once the outbox is drained: everything delivered exactly once."""
+    db = os.path.join(work, "ferry.sqlite")
+    ferry("ingest", "--db", db, "--peripheral", "C0:FF:EE:00:00:07", os.devnull, expect=0)
+    backend = Backend(work, "--fault-rate", "0.2", "--seed", str(rng.randrange(1 << 30))).start()
+    err_path = os.path.join(work, "forward.err")
+    with open(err_path, "w") as err_file:  # a file, not a pipe nobody drains while ingest runs
+        process = subprocess.Popen([FERRY, "forward", "--db", db, "--endpoint", backend.url, "--batch-events",
+                                    "5", "--timeout", REQUEST_TIMEOUT], stdout=subprocess.DEVNULL, stderr=err_file)
+    try:
+        seq = 1
+        for chunk in range(6):
+            capture = os.path.join(work, "chunk%d.bin" % chunk)
+            with open(capture, "wb") as handle:
+                for _ in range(3000):
+                    handle.write(data_frame(seq, rng.randbytes(rng.randrange(1, 30))))
+                    seq += 1
+            ferry("ingest", "--db", db, "--peripheral", "C0:FF:EE:00:00:07", capture, timeout=120, expect=0)
+            if process.poll() is not None:
+                raise Failure("forward died while ingest ran: %s" % open(err_path).read()[-500:])
+        wait_for(lambda: sum(n for s, n in outbox_counts(db).items() if s != "COMPLETED") == 0, 120,
+                 "the outbox to drain")
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
+        check(process.returncode == 0, "forward exited %d on SIGTERM: %s" % (process.returncode,
+                                                                            open(err_path).read()[-500:]))
+        stats = assert_delivered_exactly_once(db, backend)
+        check(len(store_frames(db)) == 18000, "store holds %d frames, ingested 18000" % len(store_frames(db)))
+        log("faults %d, requests %d" % (stats["faults_injected"], stats["requests"]))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        backend.stop()
+
+
 def test_bad_input(work, rng):
     """Bad URL, missing DB, unknown flag, bad option values: one line on stderr, non-zero, nothing else."""
     db = make_store(work, 50, rng)
@@ -570,6 +644,7 @@ def test_unreachable_backend_keeps_events(work, rng):
 TESTS = [
     test_bad_input,
     test_token_file_permissions,
+    test_token_file_unusable_during_pause,
     test_faults_30_percent,
     test_lost_responses_are_replayed,
     test_lost_response_costs_no_request_timeout,
@@ -577,6 +652,7 @@ TESTS = [
     test_422_for_one_id,
     test_401_pauses_then_token_rewrite_delivers,
     test_unreachable_backend_keeps_events,
+    test_forward_while_ingesting,
     test_sigkill_at_random_moments,
 ]
 
