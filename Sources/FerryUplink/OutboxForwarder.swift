@@ -211,6 +211,15 @@ public actor OutboxForwarder {
                 batch.id, error: "\(attempt.outcome)", nextRetryAt: now + Int64(after * 1000), countsAsRetry: true,
                 maxRetries: Int(Int32.max))
             log.log(.info, "uplink: batch \(batch.id) \(attempt.outcome); retry in \(String(format: "%.1f", after)) s")
+        case .pause(_, let reason) where pausedUntil > now:
+            // A batch sent before the pause began got the same answer as the one that started it: that is the
+            // same pause. Escalating again per batch would make the pause length depend on --max-in-flight
+            // (four 401s in flight: 1+2+4+8 s → an 8 s first pause).
+            report.pauses += 1
+            tokenLoaded = false
+            try store.retryBatch(
+                batch.id, error: "\(reason)", nextRetryAt: pausedUntil, countsAsRetry: false, maxRetries: Int(Int32.max))
+            log.log(.info, "uplink: batch \(batch.id) \(reason) too; already paused")
         case .pause(let after, let reason):
             consecutivePauses += 1
             report.pauses += 1

@@ -423,6 +423,30 @@ def test_401_pauses_then_token_rewrite_delivers(work, rng):
     check("401" in output or "unauthorized" in output.lower(), "the pause was not logged: %r" % output[-500:])
 
 
+def test_401_burst_is_one_pause(work, rng):
+    """With 4 batches in flight, all four get 401: that is ONE pause (1 s first), not four escalating ones
+    (1+2+4+8: an 8 s pause whose length depends on --max-in-flight). The re-read after the first pause must
+    come well before 8 s."""
+    db = make_store(work, 1000, rng)
+    backend = Backend(work, "--token", "right", "--slow-ms", "100").start()
+    token_file = os.path.join(work, "token")
+    write_token(token_file, "wrong")
+    process = subprocess.Popen([FERRY, "forward", "--db", db, "--endpoint", backend.url, "--token-file",
+                                token_file, "--batch-events", "5", "--max-in-flight", "4", "--timeout",
+                                REQUEST_TIMEOUT], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: backend.stats()["unauthorized"] >= 4, 30, "the first burst of 401 answers")
+        burst = time.time()
+        wait_for(lambda: backend.stats()["unauthorized"] >= 5, 30, "a request after the pause")
+        waited = time.time() - burst
+        log("first burst %d, next request after %.1f s" % (4, waited))
+        check(waited < 5, "the uplink paused %.1f s after one burst of 401s (escalated once per batch)" % waited)
+    finally:
+        process.kill()
+        process.wait()
+        backend.stop()
+
+
 def test_token_file_unusable_during_pause(work, rng):
     """An operator rotating the token after a 401 writes the new file with the default 0644 and then
     chmods it. The forwarder re-reads the file in between: it must log the problem and stay paused (the
@@ -645,6 +669,7 @@ TESTS = [
     test_bad_input,
     test_token_file_permissions,
     test_token_file_unusable_during_pause,
+    test_401_burst_is_one_pause,
     test_faults_30_percent,
     test_lost_responses_are_replayed,
     test_lost_response_costs_no_request_timeout,
