@@ -285,10 +285,11 @@ def test_lost_responses_are_replayed(work, rng):
     db = make_store(work, 1500, rng)
     backend = Backend(work, "--lost-response-rate", "0.3", "--seed", str(rng.randrange(1 << 30))).start()
     try:
-        ferry("forward", "--db", db, "--endpoint", backend.url, "--until-empty", "--batch-events", "5",
+        ferry("forward", "--db", db, "--endpoint", backend.url, "--until-empty", "--batch-events", "3",
               "--timeout", REQUEST_TIMEOUT, timeout=150, expect=0)
         stats = assert_delivered_exactly_once(db, backend)
-        check(stats["responses_lost"] >= 3, "only %d responses lost" % stats["responses_lost"])
+        # ~35 batches at 30%: fewer than 2 lost happens about once in 15000 runs.
+        check(stats["responses_lost"] >= 2, "only %d responses lost" % stats["responses_lost"])
         check(stats["idempotent_replays"] >= stats["responses_lost"],
               "%d lost responses but %d replays: a retry was not sent under the same key with the same body"
               % (stats["responses_lost"], stats["idempotent_replays"]))
