@@ -69,6 +69,31 @@ import Testing
         }
     }
 
+    /// Frames per second through the poster alone with realistic batches (20 frames of
+    /// 20 bytes, one ACK batch per request), sequential, backend synchronous=full.
+    @Test func twentyFrameBatchesPerSecond() async throws {
+        guard Self.enabled else { return }
+        let backend = try ReferenceBackend()
+        defer { backend.stop() }
+        let poster = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: backend.endpoint))
+        let batches = 500
+        let bodies = (0..<batches).map {
+            UplinkBodyEncoder.encode(FrameBatches.twentyFrames(batch: "f-\($0)", firstSeq: UInt64($0 * 20 + 1)))
+        }
+        _ = await poster.post(body: Array("{}".utf8), idempotencyKey: "warm-up", token: nil)
+        let elapsed = try await ContinuousClock().measure {
+            for (index, body) in bodies.enumerated() {
+                let attempt = await poster.post(body: body, idempotencyKey: "f-\(index)", token: nil)
+                guard attempt.outcome == .completed(status: 200) else { throw TestFailure("\(attempt.outcome)") }
+            }
+        }
+        print(
+            "FERRY-UPLINK-BENCH 20-frame batches, sequential, backend synchronous=full: "
+                + "\(Int(Double(batches) / seconds(elapsed))) batches/s = "
+                + "\(Int(Double(batches * 20) / seconds(elapsed))) frames/s")
+        #expect(try backend.stat("distinct_natural_keys") == batches * 20)
+    }
+
     /// Request bytes per frame for 20-frame batches of 20-byte payloads: headers as the backend
     /// received them plus the body as sent, plain and gzip (TCP/IP framing not included).
     @Test func bytesPerFrame() async throws {
