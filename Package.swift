@@ -31,7 +31,7 @@ let package = Package(
         // BlueZ client over D-Bus: adapter, device, GATT.
         .target(name: "FerryBlueZ", dependencies: ["FerryDBus", "CBluetooth"]),
         // In-process simulated Sync peripheral (tests, demo, benchmarks).
-        .target(name: "FerrySimulator", dependencies: ["FerryProtocol"]),
+        .target(name: "FerrySimulator", dependencies: ["FerryProtocol", "FerryGateway"]),
         // Wiring: drives sessions against a transport and the store.
         .target(name: "FerryGateway", dependencies: ["FerryProtocol", "FerryStore", "FerryUplink", "FerryBlueZ"]),
         // Command line: argument parsing and subcommands (library so tests can call it in-process).

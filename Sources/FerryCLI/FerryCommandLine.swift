@@ -1,0 +1,112 @@
+import FerryProtocol
+import FerryStore
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A failure at run time (bad input file, database problem): printed as one line, exit status 1.
+struct CommandFailure: Error, CustomStringConvertible {
+    var description: String
+    var exitCode: Int32 = 1
+    init(_ description: String, exitCode: Int32 = 1) {
+        self.description = description
+        self.exitCode = exitCode
+    }
+}
+
+public enum FerryCommandLine {
+    public static let version = "0.1.0"
+
+    static let usage = """
+        ferry \(version) — BLE Sync gateway for Linux/BlueZ
+
+        Usage: ferry <command> [options]
+
+        Commands:
+          ingest    Feed a captured DATA byte stream into the store (same decoder and rules as a live sync)
+          status    Streams, cursors and outbox counts of a store
+          forward   Drain the outbox to the backend over HTTP(S)
+          outbox    List outbox events; send FAILED ones again
+          demo      Generate a noisy capture from a simulated peripheral, ingest it twice, show the status
+
+        Run 'ferry <command> --help' for the options of a command.
+        Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 3 (forward --until-empty) some events FAILED.
+        """
+
+    /// Entry point of the `ferry` binary.
+    public static func main(arguments: [String]) -> Int32 {
+        run(arguments: arguments, output: StandardOutput())
+    }
+
+    /// Runs one command in-process (tests call this directly).
+    public static func run(arguments: [String], output: any CommandOutput) -> Int32 {
+        guard let command = arguments.first else {
+            output.err(usage)
+            return 2
+        }
+        let rest = Array(arguments.dropFirst())
+        let wantsHelp = rest.contains("--help") || rest.contains("-h")
+        do {
+            switch command {
+            case "--help", "-h", "help":
+                output.out(usage)
+                return 0
+            case "--version", "version":
+                output.out("ferry \(version)")
+                return 0
+            case "ingest":
+                if wantsHelp { output.out(IngestCommand.help); return 0 }
+                return try IngestCommand.run(rest, output: output)
+            case "status":
+                if wantsHelp { output.out(StatusCommand.help); return 0 }
+                return try StatusCommand.run(rest, output: output)
+            case "forward":
+                if wantsHelp { output.out(ForwardCommand.help); return 0 }
+                return try ForwardCommand.run(rest, output: output)
+            case "outbox":
+                if wantsHelp { output.out(OutboxCommand.help); return 0 }
+                return try OutboxCommand.run(rest, output: output)
+            case "demo":
+                if wantsHelp { output.out(DemoCommand.help); return 0 }
+                return try DemoCommand.run(rest, output: output)
+            default:
+                throw UsageError("unknown command '\(command)'; see 'ferry --help'")
+            }
+        } catch let error as UsageError {
+            output.err("ferry: \(error.description)")
+            return 2
+        } catch let error as CommandFailure {
+            output.err("ferry: \(error.description)")
+            return error.exitCode
+        } catch {
+            output.err("ferry: \(error)")
+            return 1
+        }
+    }
+
+    static func address(_ text: String, option: String) throws -> PeripheralAddress {
+        guard let address = PeripheralAddress(text) else {
+            throw UsageError("\(option) '\(text)' is not a Bluetooth address (expected AA:BB:CC:DD:EE:FF)")
+        }
+        return address
+    }
+
+    /// Opens the store with errors that name the file and the problem.
+    static func openStore(_ path: String, create: Bool) throws -> GatewayStore {
+        if !create {
+            var info = stat()
+            guard stat(path, &info) == 0 else { throw CommandFailure("no database at \(path)") }
+            // An empty file would otherwise be turned into a fresh store by a read-only command.
+            guard info.st_size > 0 else { throw CommandFailure("\(path) is empty, not a Ferry database") }
+        }
+        do {
+            return try GatewayStore(path: path, create: create)
+        } catch let error as StoreError {
+            if case .sqlite(let e) = error, e.primaryCode == 14 /* SQLITE_CANTOPEN */ {
+                throw CommandFailure("cannot open database \(path): \(String(cString: strerror(errno)))")
+            }
+            throw CommandFailure("database \(path): \(error)")
+        }
+    }
+}

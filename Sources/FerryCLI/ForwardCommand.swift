@@ -1,0 +1,130 @@
+import FerryProtocol
+import FerryStore
+import FerryUplink
+import Foundation
+
+enum ForwardCommand {
+    static let help = """
+        Usage: ferry forward --db PATH --endpoint URL [--token-file F] [--until-empty] [--json] [options]
+
+        Drains the outbox of the store at PATH to the backend (POST, one request per claimed batch, with
+        Idempotency-Key = batch id; see docs/UPLINK.md). 2xx → COMPLETED; 408/429/5xx/timeouts/connection
+        errors → retried with exponential backoff and full jitter, honouring Retry-After; 401/403 → the uplink
+        pauses and re-reads the token file (no retry is used up); other 4xx or retries exhausted → FAILED
+        (kept; 'ferry outbox retry' sends them again). Without --until-empty it runs until SIGINT/SIGTERM.
+
+        Options:
+          --db PATH             the gateway store
+          --endpoint URL        https://… (http:// only for loopback tests)
+          --token-file F        bearer token, one line; must not be readable by group/others (chmod 600)
+          --ca-file F           PEM bundle of CAs to trust instead of the system's (a private backend CA)
+          --gateway-id ID       the "gateway" field of every body (default: the host name)
+          --until-empty         exit once no PENDING or IN_FLIGHT event remains (waits through backoff):
+                                exit 0 if all delivered, 3 if some events are FAILED
+          --max-in-flight N     batches on the wire at once (default 4)
+          --batch-events N      outbox events per batch at most (default 50)
+          --timeout S           per-request timeout in whole seconds (default 30)
+          --max-retries N       retries of a batch before it is FAILED (default 12)
+          --gzip MODE           never | auto (when the backend advertises Accept-Encoding: gzip) | always;
+                                default auto; bodies under 1 KiB are never compressed
+          --json                print the run's report as one JSON object
+          --verbose             log every retry and pause on stderr
+        """
+
+    static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
+        let args = try ParsedArguments(
+            arguments, command: "forward",
+            options: [
+                "--db", "--endpoint", "--token-file", "--ca-file", "--gateway-id", "--max-in-flight",
+                "--batch-events", "--timeout", "--max-retries", "--gzip",
+            ],
+            flags: ["--until-empty", "--json", "--verbose"])
+        guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
+        let dbPath = try args.required("--db", command: "forward")
+        let endpointText = try args.required("--endpoint", command: "forward")
+        guard let endpoint = URL(string: endpointText), endpoint.scheme != nil else {
+            throw UsageError("--endpoint '\(endpointText)' is not a URL")
+        }
+        let maxInFlight = try args.integer("--max-in-flight", Int.self, default: 4, range: 1...64)
+        let batchEvents = try args.integer("--batch-events", Int.self, default: 50, range: 1...10_000)
+        let timeout = try args.integer("--timeout", Int.self, default: 30, range: 1...3600)
+        let maxRetries = try args.integer("--max-retries", Int.self, default: 12, range: 0...1000)
+        let compression: UplinkCompression
+        switch args.values["--gzip"] ?? "auto" {
+        case "never": compression = .never
+        case "auto": compression = .whenAdvertised(minimumBytes: 1024)
+        case "always": compression = .always(minimumBytes: 1024)
+        case let other: throw UsageError("--gzip must be never, auto or always, got '\(other)'")
+        }
+        if let caFile = args.values["--ca-file"] {
+            guard FileManager.default.isReadableFile(atPath: caFile) else {
+                throw CommandFailure("cannot read CA file \(caFile)")
+            }
+            // swift-corelibs-foundation hands this file to libcurl (CURLOPT_CAINFO) for every URLSession;
+            // it must be set before the first session exists.
+            setenv("URLSessionCertificateAuthorityInfoFile", caFile, 1)
+        }
+        let tokenFile = args.values["--token-file"].map { TokenFile(path: $0) }
+        if let tokenFile {
+            // Fail fast on a bad file at start-up; later re-reads (after a 401) report in the log instead.
+            do { _ = try tokenFile.read() } catch { throw CommandFailure(error.description) }
+        }
+        // Check the store exists and is ours before any network traffic.
+        _ = try FerryCommandLine.openStore(dbPath, create: false)
+
+        var configuration = ForwarderConfiguration(gatewayID: args.values["--gateway-id"] ?? ProcessInfo.processInfo.hostName)
+        configuration.maxInFlight = maxInFlight
+        configuration.limits.maxEvents = batchEvents
+        configuration.policy.maxRetries = maxRetries
+        let poster: UplinkHTTPPoster
+        do {
+            poster = try UplinkHTTPPoster(
+                configuration: UplinkHTTPConfiguration(
+                    endpoint: endpoint, requestTimeoutSeconds: timeout, compression: compression,
+                    maximumConnections: maxInFlight))
+        } catch {
+            throw UsageError(error.description)
+        }
+        let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .warning)
+        let forwarder: OutboxForwarder
+        do {
+            forwarder = try OutboxForwarder(
+                databasePath: dbPath, poster: poster, configuration: configuration,
+                tokenSource: { try tokenFile?.read() }, log: log)
+        } catch {
+            throw CommandFailure("database \(dbPath): \(error)")
+        }
+        let untilEmpty = args.flags.contains("--until-empty")
+        let started = Date()
+        let report = try AsyncBridge.run(cancelOnSignals: true) { try await forwarder.run(untilEmpty: untilEmpty) }
+        let seconds = Date().timeIntervalSince(started)
+        if args.flags.contains("--json") {
+            output.out(
+                JSON.object([
+                    ("batches", .int(report.batchesDelivered)), ("events", .int(report.eventsDelivered)),
+                    ("frames", .int(report.framesDelivered)), ("attempts", .int(report.attempts)),
+                    ("retries", .int(report.retries)), ("pauses", .int(report.pauses)),
+                    ("failed", .int(report.eventsFailed)), ("bytes_sent", .int(report.bytesSent)),
+                    ("failed_in_store", .int(report.failedInStore)), ("pending", .int(report.pendingInStore)),
+                    ("seconds", .double((seconds * 1000).rounded() / 1000)),
+                ]).text)
+        } else {
+            output.out(
+                "forwarded \(report.framesDelivered) frames in \(report.eventsDelivered) events / "
+                    + "\(report.batchesDelivered) batches (\(report.attempts) requests, \(report.retries) retries, "
+                    + "\(report.pauses) pauses, \(report.bytesSent) bytes) in \(String(format: "%.1f", seconds)) s; "
+                    + "\(report.pendingInStore) undelivered, \(report.failedInStore) FAILED in the store")
+        }
+        if untilEmpty && report.failedInStore > 0 { return 3 }
+        return 0
+    }
+}
+
+/// One line per message on stderr: "ferry[level]: message". journald adds its own timestamps.
+struct StderrLogSink: LogSink {
+    let minimum: LogLevel
+    func log(_ level: LogLevel, _ message: String) {
+        guard level >= minimum else { return }
+        StandardOutput.writeAll(2, "ferry[\(level)]: \(message)\n")
+    }
+}

@@ -1,3 +1,0 @@
-public enum FerryCommandLine {
-    public static func main(arguments: [String]) -> Int32 { 0 }
-}

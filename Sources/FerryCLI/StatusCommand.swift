@@ -1,0 +1,70 @@
+import FerryStore
+
+enum StatusCommand {
+    static let help = """
+        Usage: ferry status --db PATH [--json]
+
+        Per stream: peripheral, epoch, cursor (last committed seq) and frames staged; outbox event counts per
+        status (PENDING, IN_FLIGHT, COMPLETED, FAILED) and the age of the oldest PENDING event.
+
+        --json prints {"streams":[{"peripheral","epoch","device_epoch","cursor","frames_staged","active"}],
+                       "outbox":{"PENDING","IN_FLIGHT","COMPLETED","FAILED"},"oldest_pending_age_seconds"}
+        (epoch and cursor as decimal strings; device_epoch differs from epoch after a counter regression).
+        """
+
+    static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
+        let args = try ParsedArguments(arguments, command: "status", options: ["--db"], flags: ["--json"])
+        guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
+        let dbPath = try args.required("--db", command: "status")
+        let store = try FerryCommandLine.openStore(dbPath, create: false)
+        let streams: [GatewayStore.StreamStatus]
+        let counts: [String: Int]
+        let oldest: Int64?
+        do {
+            streams = try store.streams()
+            counts = try store.outboxCounts()
+            oldest = try store.oldestPendingCreatedAt()
+        } catch {
+            throw CommandFailure("database \(dbPath): \(error)")
+        }
+        let age = oldest.map { max(0, Double(SystemWallClock().nowMillis() - $0) / 1000) }
+        let statuses = ["PENDING", "IN_FLIGHT", "COMPLETED", "FAILED"]
+        if args.flags.contains("--json") {
+            output.out(
+                JSON.object([
+                    (
+                        "streams",
+                        .array(
+                            streams.map {
+                                .object([
+                                    ("peripheral", .string($0.peripheral)), ("epoch", .string($0.epoch)),
+                                    ("device_epoch", .string($0.deviceEpoch)), ("cursor", .string(String($0.cursor))),
+                                    ("frames_staged", .int($0.framesStaged)), ("active", .bool($0.active)),
+                                ])
+                            })
+                    ),
+                    ("outbox", .object(statuses.map { ($0, .int(counts[$0] ?? 0)) })),
+                    ("oldest_pending_age_seconds", age.map { .double(($0 * 1000).rounded() / 1000) } ?? .null),
+                ]).text)
+            return 0
+        }
+        if streams.isEmpty {
+            output.out("no streams yet")
+        } else {
+            output.out(pad("PERIPHERAL", 18) + pad("EPOCH", 22) + pad("CURSOR", 22) + "FRAMES STAGED")
+            for s in streams {
+                let note = s.active ? "" : "  (superseded: counter regression)"
+                output.out(pad(s.peripheral, 18) + pad(s.epoch, 22) + pad(String(s.cursor), 22) + "\(s.framesStaged)\(note)")
+            }
+        }
+        output.out("outbox: " + statuses.map { "\($0) \(counts[$0] ?? 0)" }.joined(separator: ", "))
+        if let age {
+            output.out("oldest PENDING event: \(Int(age.rounded())) s old")
+        }
+        return 0
+    }
+
+    private static func pad(_ s: String, _ width: Int) -> String {
+        s.count >= width ? s + " " : s + String(repeating: " ", count: width - s.count)
+    }
+}

@@ -1,1 +1,0 @@
-// The FerryGateway module. Its sources land in this folder.

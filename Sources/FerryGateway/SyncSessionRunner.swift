@@ -1,0 +1,213 @@
+import FerryProtocol
+import FerryStore
+
+/// The link to one peripheral's Sync service, as the session runner needs it. Implemented over BlueZ
+/// (FerryBlueZ) and by the in-process simulator (tests, demo, benchmarks).
+public protocol SyncTransport: AnyObject {
+    var hasStreamInfo: Bool { get }
+    func readStreamInfo() async throws -> [UInt8]
+    /// Subscribe to DATA. Called again after a stream rebase: must be idempotent.
+    func subscribe() async throws
+    /// One frame (SYNC_REQ or SYNC_ACK) to CONTROL.
+    func writeControl(_ bytes: [UInt8]) async throws
+    func disconnect() async
+}
+
+/// A transport failure the runner reports (the session ends; committed data is safe).
+public struct TransportError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// Summary of one session, for the CLI and logs.
+public struct SyncSummary: Sendable, Equatable {
+    public var peripheral: String
+    public var epoch: UInt64 = 0
+    public var cursor: UInt64 = 0
+    public var framesStored = 0
+    public var duplicates = 0
+    public var gapsRecorded = 0
+    public var regressions = 0
+    public var corrupt = 0
+    public var disconnectReason: String?
+    /// The store was over its disk budget: nothing more was committed or acknowledged (backpressure).
+    public var backpressure = false
+}
+
+/// Executes a `SyncSession`'s actions against a transport and the store. One task owns a runner: events
+/// (bytes, timer, link loss) are handed to it one at a time.
+///
+/// The durability rule is enforced twice: by the machine (it only acknowledges cursors the store reported)
+/// and here, as a last line of defence: an ACK above the last committed cursor is never written.
+public final class SyncSessionRunner {
+    public private(set) var machine: SyncSession
+    public private(set) var stream: StreamHandle?
+    public private(set) var summary: SyncSummary
+    public private(set) var finished = false
+    /// Highest cursor the store confirmed in this session (or loaded at its start).
+    public private(set) var lastCommittedCursor: UInt64 = 0
+    public private(set) var acksSent: [UInt64] = []
+
+    private let peripheral: PeripheralAddress
+    private let store: GatewayStore
+    private let transport: any SyncTransport
+    private let clock: any MonotonicClock
+    private let log: any LogSink
+    private let diskBudgetBytes: Int64?
+
+    /// `diskBudgetBytes`: when the store file (with its WAL) is larger, the runner stops committing and so stops
+    /// acknowledging: the peripheral keeps its events until the uplink has drained and pruned the store.
+    public init(
+        peripheral: PeripheralAddress, store: GatewayStore, transport: any SyncTransport,
+        configuration: SyncSession.Configuration = .init(), clock: any MonotonicClock = SystemMonotonicClock(),
+        log: any LogSink = NullLogSink(), diskBudgetBytes: Int64? = nil
+    ) {
+        self.diskBudgetBytes = diskBudgetBytes
+        self.peripheral = peripheral
+        self.store = store
+        self.transport = transport
+        self.clock = clock
+        self.log = log
+        machine = SyncSession(configuration: configuration)
+        summary = SyncSummary(peripheral: peripheral.string)
+    }
+
+    public var nextDeadline: Double? { machine.nextDeadline }
+
+    public func start() async {
+        await execute(machine.connected(hasStreamInfo: transport.hasStreamInfo, now: clock.now()))
+    }
+
+    public func receive(_ bytes: [UInt8]) async {
+        await execute(machine.bytesReceived(bytes, now: clock.now()))
+    }
+
+    public func timerFired() async {
+        await execute(machine.timerFired(now: clock.now()))
+    }
+
+    /// The link dropped (the transport saw EOF or a Disconnected signal).
+    public func linkLost() async {
+        await execute(machine.disconnected(now: clock.now()))
+        finished = true
+    }
+
+    /// Graceful shutdown: commit and acknowledge what is staged, then disconnect.
+    public func stop() async {
+        await execute(machine.stop(now: clock.now()))
+    }
+
+    private func execute(_ initial: [SyncAction]) async {
+        var queue = initial[...]
+        while let action = queue.popFirst() {
+            let more = await perform(action)
+            if !more.isEmpty { queue = ArraySlice(Array(queue) + more) }
+        }
+        updateSummary()
+    }
+
+    private func perform(_ action: SyncAction) async -> [SyncAction] {
+        let now = clock.now()
+        switch action {
+        case .readStreamInfo:
+            do {
+                return machine.streamInfoRead(try await transport.readStreamInfo(), now: clock.now())
+            } catch {
+                return machine.streamInfoFailed("\(error)", now: clock.now())
+            }
+        case .loadCursor(let epoch):
+            do {
+                let handle = try store.openStream(peripheral: peripheral, deviceEpoch: epoch)
+                stream = handle
+                lastCommittedCursor = handle.cursor
+                return machine.cursorLoaded(handle.cursor, now: now)
+            } catch {
+                log.log(.error, "\(peripheral): cannot open stream: \(error)")
+                return machine.commitFailed(now: now)
+            }
+        case .recordRegression(_, let cursor, let head):
+            guard let current = stream else { return [] }
+            do {
+                let rebased = try store.recordRegression(stream: current, cursor: cursor, head: head)
+                log.log(
+                    .warning,
+                    "\(peripheral): sequence regression on epoch \(current.deviceEpoch): head \(head) < cursor \(cursor); "
+                        + "recorded, new events go to store epoch \(rebased.key.epoch)")
+                stream = rebased
+                lastCommittedCursor = 0
+                return machine.cursorLoaded(0, now: now)
+            } catch {
+                log.log(.error, "\(peripheral): cannot record regression: \(error)")
+                return machine.commitFailed(now: now)
+            }
+        case .subscribe:
+            do {
+                try await transport.subscribe()
+                return []
+            } catch {
+                log.log(.error, "\(peripheral): subscribe failed: \(error)")
+                return machine.disconnected(now: clock.now()) + [.disconnect(.shutdown)]
+            }
+        case .sendSyncRequest(let last, let window):
+            do {
+                try await transport.writeControl(Frame.syncRequest(lastCommitted: last, window: window).encoded())
+            } catch {
+                log.log(.warning, "\(peripheral): SYNC_REQ write failed: \(error)")
+                // The response timeout re-sends it; a dead link shows up as a disconnect.
+            }
+            return []
+        case .sendSyncAck(let seq):
+            guard seq <= lastCommittedCursor else {
+                log.log(.error, "\(peripheral): refusing SYNC_ACK(\(seq)) above committed cursor \(lastCommittedCursor)")
+                return []
+            }
+            do {
+                try await transport.writeControl(Frame.syncAck(committed: seq).encoded())
+                acksSent.append(seq)
+            } catch {
+                log.log(.warning, "\(peripheral): SYNC_ACK write failed: \(error)")
+            }
+            return []
+        case .commit(let batch):
+            guard let current = stream else { return machine.commitFailed(now: now) }
+            if let budget = diskBudgetBytes, let used = try? store.diskBytes(), used > budget {
+                summary.backpressure = true
+                log.log(
+                    .warning,
+                    "\(peripheral): store uses \(used) bytes, over its budget of \(budget): not committing or "
+                        + "acknowledging; the peripheral keeps its events (backpressure)")
+                return machine.commitFailed(now: now)
+            }
+            do {
+                let outcome = try store.commit(batch, to: current.key)
+                lastCommittedCursor = outcome.cursor
+                summary.framesStored += outcome.framesInserted
+                if let gap = outcome.gapRecorded {
+                    log.log(.warning, "\(peripheral): gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
+                }
+                return machine.commitFinished(cursor: outcome.cursor, now: clock.now())
+            } catch {
+                log.log(.error, "\(peripheral): commit failed, nothing acknowledged: \(error)")
+                return machine.commitFailed(now: clock.now())
+            }
+        case .caughtUp(let cursor):
+            log.log(.debug, "\(peripheral): caught up at \(cursor)")
+            return []
+        case .disconnect(let reason):
+            summary.disconnectReason = "\(reason)"
+            await transport.disconnect()
+            finished = true
+            return []
+        }
+    }
+
+    private func updateSummary() {
+        let s = machine.statistics
+        summary.epoch = stream?.key.epoch ?? 0
+        summary.cursor = lastCommittedCursor
+        summary.duplicates = s.duplicates
+        summary.gapsRecorded = s.gapsRecorded
+        summary.regressions = s.regressions
+        summary.corrupt = machine.decoder.statistics.corruptRuns
+    }
+}

@@ -1,1 +1,0 @@
-// The FerryProtocol module. Its sources land in this folder.

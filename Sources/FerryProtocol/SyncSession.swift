@@ -1,0 +1,572 @@
+/// The gateway side of one sync session with one peripheral (PROTOCOL §4), as a pure value type.
+///
+/// Following swift-nio's state machines: the owner (a BlueZ connection, the in-process simulator, a test)
+/// calls one `mutating func` per event and executes the returned `SyncAction`s in order. The machine does
+/// no I/O and reads no clock: every event carries `now` (monotonic seconds) and the owner arms a timer for
+/// `nextDeadline`.
+///
+/// Invariants the machine guarantees (and tests check):
+/// - A `.sendSyncAck(seq)` only ever follows `commitFinished(cursor: seq)` — or names the cursor the owner
+///   loaded from the store. Nothing uncommitted is acknowledged (the durability rule).
+/// - Frames reach `.commit` in strictly increasing, contiguous seq order; a gap is only ever committed as an
+///   explicit `gap` range in the same batch as the cursor move.
+/// - At most one commit is outstanding at a time.
+public struct SyncSession: Sendable {
+    public struct Configuration: Sendable, Equatable {
+        /// Window requested in SYNC_REQ: how many frames may be sent beyond the last ACK.
+        public var window: UInt16 = Frame.defaultWindow
+        /// Commit + SYNC_ACK every this many staged frames (the ACK batch).
+        public var ackBatch: Int = 20
+        /// DATA silence after which a partial window is committed, a stalled partial frame dropped, and a
+        /// gap's drain considered over.
+        public var idleTimeout: Double = 0.25
+        /// Silence after SYNC_REQ (or an ACK) while behind before the request is re-sent. For peripherals
+        /// without STREAM_INFO the same silence means "caught up".
+        public var responseTimeout: Double = 2.0
+        /// SYNC_REQ attempts without an answer before giving up on the connection.
+        public var maxRequestAttempts: Int = 3
+        public var maxPayloadLength: Int = FrameDecoder.defaultMaxPayloadLength
+        /// After catching up: stay subscribed for live events (true) or disconnect to free the slot (false).
+        public var stayConnected: Bool = false
+
+        public init() {}
+    }
+
+    public enum DisconnectReason: Sendable, Equatable {
+        case caughtUp
+        /// No DATA after `maxRequestAttempts` SYNC_REQs while the peripheral has frames we lack.
+        case noResponse
+        /// STREAM_INFO showed a different epoch mid-session: the peripheral was wiped; start a new session.
+        case epochChanged
+        case streamInfoUnreadable(String)
+        case storeFailed
+        case shutdown
+    }
+
+    /// The state machine's counters, for summaries and logs.
+    public struct Statistics: Sendable, Equatable {
+        public var dataFrames = 0
+        public var staged = 0
+        public var committedFrames = 0
+        public var duplicates = 0
+        public var gapsDetected = 0
+        public var gapsRecorded = 0
+        public var droppedWhileDraining = 0
+        /// SYNC_REQ / SYNC_ACK frames arriving on DATA: not for us.
+        public var unexpectedFrames = 0
+        public var syncRequests = 0
+        public var acks = 0
+        public var commits = 0
+        public var regressions = 0
+        public init() {}
+    }
+
+    private enum Phase: Sendable, Equatable {
+        case notStarted
+        case awaitingStreamInfo
+        case awaitingCursor
+        /// Normal flow: DATA frames are classified and staged.
+        case streaming
+        /// A gap was seen: drop DATA until the stream has been idle (the rest of the old window is in flight).
+        case draining
+        /// After draining: waiting for the re-read STREAM_INFO.
+        case awaitingGapInfo
+        /// Disconnect requested or seen; only commit completions are still processed.
+        case closed
+    }
+
+    /// What to do when the outstanding commit finishes.
+    private enum AfterCommit: Sendable, Equatable {
+        case nothing
+        /// Continue gap resolution: re-read STREAM_INFO or re-send SYNC_REQ.
+        case resolveGap
+        /// A gap from STREAM_INFO was recorded: ask for the replay from the new cursor.
+        case requestFromCursor
+        case disconnect(DisconnectReason)
+    }
+
+    public let configuration: Configuration
+    public private(set) var statistics = Statistics()
+    public private(set) var decoder: FrameDecoder
+
+    private var phase: Phase = .notStarted
+    private var hasStreamInfo = false
+    public private(set) var epoch: UInt64 = 0
+    /// Highest seq the peripheral reported (STREAM_INFO head), if known.
+    public private(set) var knownHead: UInt64?
+    /// Highest seq durably committed (as the store reported it).
+    public private(set) var committedCursor: UInt64 = 0
+    /// Highest seq accepted so far (committed or staged).
+    public private(set) var stagedCursor: UInt64 = 0
+    private var staged: [Frame] = []
+    /// A gap to commit in front of `staged` (decided by the first DATA after a re-request).
+    private var stagedGap: ClosedRange<UInt64>?
+    private var commitInFlight: CommitBatch?
+    private var afterCommit: AfterCommit = .nothing
+    /// Set after a gap re-request: the first DATA decides whether the loss was in transit or is real.
+    private var awaitingReplayDecision = false
+    private var lastDataAt: Double = 0
+    /// When the last SYNC_REQ or SYNC_ACK went out while more DATA was expected (nil: not waiting).
+    private var waitingSince: Double?
+    private var requestAttempts = 0
+    /// STREAM_INFO's oldest retained seq, from the latest read.
+    private var lastInfoOldest: UInt64 = 0
+    public private(set) var isCaughtUp = false
+    /// Set once the owner stops the session (shutdown): no more frames are taken.
+    private var stopping = false
+
+    public init(configuration: Configuration = Configuration()) {
+        self.configuration = configuration
+        self.decoder = FrameDecoder(maxPayloadLength: configuration.maxPayloadLength)
+    }
+
+    public var isClosed: Bool { phase == .closed && commitInFlight == nil }
+
+    // MARK: - Events
+
+    /// The link is up and services are resolved. `hasStreamInfo`: the Sync service has STREAM_INFO.
+    public mutating func connected(hasStreamInfo: Bool, now: Double) -> [SyncAction] {
+        precondition(phase == .notStarted, "connected twice")
+        self.hasStreamInfo = hasStreamInfo
+        if hasStreamInfo {
+            phase = .awaitingStreamInfo
+            return [.readStreamInfo]
+        }
+        phase = .awaitingCursor
+        epoch = 0
+        return [.loadCursor(epoch: 0)]
+    }
+
+    /// STREAM_INFO was read (at the start, or after a gap). Raw bytes: parsing is part of the rules.
+    public mutating func streamInfoRead(_ bytes: [UInt8], now: Double) -> [SyncAction] {
+        let info: StreamInfo
+        do {
+            info = try StreamInfo(bytes: bytes)
+        } catch {
+            return close(.streamInfoUnreadable(error.description))
+        }
+        switch phase {
+        case .awaitingStreamInfo:
+            epoch = info.epoch
+            knownHead = info.head
+            lastInfoOldest = info.oldest
+            phase = .awaitingCursor
+            return [.loadCursor(epoch: info.epoch)]
+        case .awaitingGapInfo:
+            return resolveGap(with: info, now: now)
+        default:
+            return []
+        }
+    }
+
+    /// STREAM_INFO could not be read (a D-Bus or ATT error).
+    public mutating func streamInfoFailed(_ message: String, now: Double) -> [SyncAction] {
+        guard phase == .awaitingStreamInfo || phase == .awaitingGapInfo else { return [] }
+        return close(.streamInfoUnreadable(message))
+    }
+
+    /// The store's committed cursor for the stream (after `.loadCursor`, or after `.recordRegression`
+    /// rebased the stream).
+    public mutating func cursorLoaded(_ cursor: UInt64, now: Double) -> [SyncAction] {
+        guard phase == .awaitingCursor else { return [] }
+        committedCursor = cursor
+        stagedCursor = cursor
+        phase = .streaming
+        var actions: [SyncAction] = []
+        if let head = knownHead, head < cursor {
+            // Same epoch, yet the peripheral's counter is below what we already stored: a regression.
+            // Do not drop what follows as "duplicates": the owner records it and rebases the stream.
+            statistics.regressions += 1
+            phase = .awaitingCursor
+            knownHead = head
+            return [.recordRegression(epoch: epoch, cursor: cursor, head: head)]
+        }
+        actions.append(.subscribe)
+        if let gap = missingBeforeOldest() {
+            // The peripheral already lost events we never received: record the gap first, then ask from it.
+            return actions + commitGap(gap, then: .requestFromCursor)
+        }
+        actions += sendRequest(now: now)
+        if let head = knownHead, head <= cursor {
+            // Nothing to replay: the final SYNC_ACK names what is already stored.
+            statistics.acks += 1
+            waitingSince = nil
+            isCaughtUp = true
+            actions.append(.sendSyncAck(cursor))
+            actions += caughtUpActions()
+        }
+        return actions
+    }
+
+    /// A chunk of the DATA byte stream (one notification, or one read from the AcquireNotify fd).
+    public mutating func bytesReceived(_ bytes: [UInt8], now: Double) -> [SyncAction] {
+        guard phase != .closed, phase != .notStarted, !stopping else { return [] }
+        var actions: [SyncAction] = []
+        var frames: [Frame] = []
+        decoder.feed(bytes) { frames.append($0) }
+        for frame in frames {
+            actions += handle(frame, now: now)
+        }
+        return actions
+    }
+
+    /// The owner's commit of `batch` finished; `cursor` is the store's cursor after it.
+    public mutating func commitFinished(cursor: UInt64, now: Double) -> [SyncAction] {
+        guard let batch = commitInFlight else { return [] }
+        commitInFlight = nil
+        committedCursor = cursor
+        statistics.commits += 1
+        statistics.committedFrames += batch.frames.count
+        if batch.gap != nil { statistics.gapsRecorded += 1 }
+        var actions: [SyncAction] = []
+        if batch.acknowledge && phase != .closed {
+            actions += acknowledge(cursor, now: now)
+        }
+        let mustFlush = phase != .streaming || afterCommit != .nothing || stopping
+        if !staged.isEmpty && (staged.count >= configuration.ackBatch || mustFlush) {
+            actions += commitStaged(acknowledge: phase != .closed)
+            return actions
+        }
+        let next = afterCommit
+        afterCommit = .nothing
+        switch next {
+        case .nothing:
+            if phase == .streaming { actions += checkCaughtUp(now: now) }
+        case .resolveGap:
+            actions += startGapResolution(now: now)
+        case .requestFromCursor:
+            phase = .streaming
+            if let head = knownHead, committedCursor >= head {
+                actions += checkCaughtUp(now: now)
+            } else {
+                actions += sendRequest(now: now)
+            }
+        case .disconnect(let reason):
+            actions += close(reason)
+        }
+        return actions
+    }
+
+    /// The commit failed (disk full, I/O error). Nothing was acknowledged; the peripheral keeps the frames.
+    public mutating func commitFailed(now: Double) -> [SyncAction] {
+        commitInFlight = nil
+        staged.removeAll()
+        stagedGap = nil
+        return close(.storeFailed)
+    }
+
+    /// The owner's timer reached `nextDeadline` (or any later time).
+    public mutating func timerFired(now: Double) -> [SyncAction] {
+        guard phase != .closed, phase != .notStarted else { return [] }
+        var actions: [SyncAction] = []
+        if now >= lastDataAt + configuration.idleTimeout {
+            actions += handleIdle(now: now)
+        }
+        if let since = waitingSince, now >= since + configuration.responseTimeout, phase == .streaming,
+            commitInFlight == nil, staged.isEmpty, decoder.bufferedByteCount == 0
+        {
+            actions += handleResponseTimeout(now: now)
+        }
+        return actions
+    }
+
+    /// The link dropped. What is staged is committed WITHOUT an ACK (the peripheral replays it next time,
+    /// and the cursor check drops the duplicates).
+    public mutating func disconnected(now: Double) -> [SyncAction] {
+        guard phase != .closed else { return [] }
+        phase = .closed
+        waitingSince = nil
+        if commitInFlight == nil && !staged.isEmpty {
+            return commitStaged(acknowledge: false)
+        }
+        return []
+    }
+
+    /// Graceful stop (SIGTERM): take no more frames, commit and acknowledge what is staged, then disconnect.
+    public mutating func stop(now: Double) -> [SyncAction] {
+        guard phase != .closed else { return [] }
+        stopping = true
+        if commitInFlight != nil {
+            afterCommit = .disconnect(.shutdown)
+            return []
+        }
+        if !staged.isEmpty {
+            afterCommit = .disconnect(.shutdown)
+            return commitStaged(acknowledge: true)
+        }
+        return close(.shutdown)
+    }
+
+    /// When the owner must call `timerFired` next, if at all.
+    public var nextDeadline: Double? {
+        guard phase != .closed, phase != .notStarted else { return nil }
+        var deadlines: [Double] = []
+        if !staged.isEmpty || decoder.bufferedByteCount > 0 || phase == .draining {
+            deadlines.append(lastDataAt + configuration.idleTimeout)
+        }
+        if let since = waitingSince, phase == .streaming {
+            deadlines.append(since + configuration.responseTimeout)
+        }
+        return deadlines.min()
+    }
+
+    // MARK: - Rules
+
+    private mutating func handle(_ frame: Frame, now: Double) -> [SyncAction] {
+        guard frame.type == .data else {
+            statistics.unexpectedFrames += 1
+            return []
+        }
+        statistics.dataFrames += 1
+        lastDataAt = now
+        waitingSince = nil
+        requestAttempts = 0
+        switch phase {
+        case .streaming:
+            break
+        case .draining, .awaitingGapInfo, .awaitingStreamInfo, .awaitingCursor:
+            // The rest of an old replay (or notifications before our SYNC_REQ): not trusted for ordering.
+            statistics.droppedWhileDraining += 1
+            return []
+        case .notStarted, .closed:
+            return []
+        }
+        if commitInFlight != nil && afterCommit != .nothing {
+            // A gap resolution is pending behind the commit: frames now are the old window's tail.
+            statistics.droppedWhileDraining += 1
+            return []
+        }
+        switch SequenceVerdict.classify(seq: frame.seq, cursor: stagedCursor) {
+        case .duplicate:
+            statistics.duplicates += 1
+            return []
+        case .next:
+            awaitingReplayDecision = false
+            return stage(frame)
+        case .gap(let first, let last):
+            if awaitingReplayDecision {
+                // The re-requested replay skipped again: those events are gone. Record the gap and accept.
+                awaitingReplayDecision = false
+                stagedGap = first...last
+                statistics.gapsDetected += 1
+                return stage(frame)
+            }
+            statistics.gapsDetected += 1
+            phase = .draining
+            return []
+        }
+    }
+
+    private mutating func stage(_ frame: Frame) -> [SyncAction] {
+        staged.append(frame)
+        stagedCursor = frame.seq
+        statistics.staged += 1
+        if staged.count >= configuration.ackBatch && commitInFlight == nil {
+            return commitStaged(acknowledge: true)
+        }
+        return []
+    }
+
+    private mutating func commitStaged(acknowledge: Bool) -> [SyncAction] {
+        precondition(commitInFlight == nil)
+        let count = min(staged.count, configuration.ackBatch)
+        let frames = Array(staged.prefix(count))
+        staged.removeFirst(count)
+        let gap = stagedGap
+        stagedGap = nil
+        let newCursor = frames.last?.seq ?? gap?.upperBound ?? committedCursor
+        let batch = CommitBatch(
+            expectedCursor: committedCursor, gap: gap, frames: frames, newCursor: newCursor,
+            acknowledge: acknowledge)
+        commitInFlight = batch
+        return [.commit(batch)]
+    }
+
+    private mutating func commitGap(_ gap: ClosedRange<UInt64>, then next: AfterCommit) -> [SyncAction] {
+        precondition(staged.isEmpty && commitInFlight == nil)
+        stagedGap = gap
+        stagedCursor = gap.upperBound
+        afterCommit = next
+        return commitStaged(acknowledge: true)
+    }
+
+    private mutating func acknowledge(_ cursor: UInt64, now: Double) -> [SyncAction] {
+        statistics.acks += 1
+        waitingSince = hasMoreExpected ? now : nil
+        return [.sendSyncAck(cursor)]
+    }
+
+    /// Whether more DATA is expected from the replay (as opposed to live events that may never come).
+    private var hasMoreExpected: Bool {
+        guard let head = knownHead else { return !isCaughtUp }
+        return stagedCursor < head
+    }
+
+    private mutating func sendRequest(now: Double) -> [SyncAction] {
+        statistics.syncRequests += 1
+        requestAttempts += 1
+        waitingSince = now
+        lastDataAt = now
+        return [.sendSyncRequest(lastCommitted: committedCursor, window: configuration.window)]
+    }
+
+    private mutating func handleIdle(now: Double) -> [SyncAction] {
+        var actions: [SyncAction] = []
+        if decoder.bufferedByteCount > 0 {
+            var frames: [Frame] = []
+            decoder.resolveStall { frames.append($0) }
+            for frame in frames { actions += handle(frame, now: lastDataAt) }
+        }
+        switch phase {
+        case .draining:
+            if commitInFlight != nil {
+                afterCommit = .resolveGap
+            } else if !staged.isEmpty {
+                afterCommit = .resolveGap
+                actions += commitStaged(acknowledge: true)
+            } else {
+                actions += startGapResolution(now: now)
+            }
+        case .streaming:
+            if commitInFlight == nil && !staged.isEmpty {
+                actions += commitStaged(acknowledge: true)
+            }
+        default:
+            break
+        }
+        return actions
+    }
+
+    private mutating func startGapResolution(now: Double) -> [SyncAction] {
+        if hasStreamInfo {
+            phase = .awaitingGapInfo
+            return [.readStreamInfo]
+        }
+        // No STREAM_INFO: re-ask; the first DATA after it decides (§4 step 5).
+        phase = .streaming
+        awaitingReplayDecision = true
+        requestAttempts = 0
+        return sendRequest(now: now)
+    }
+
+    private mutating func resolveGap(with info: StreamInfo, now: Double) -> [SyncAction] {
+        if info.epoch != epoch {
+            return close(.epochChanged)
+        }
+        knownHead = info.head
+        lastInfoOldest = info.oldest
+        if info.head < committedCursor {
+            statistics.regressions += 1
+            phase = .awaitingCursor
+            return [.recordRegression(epoch: epoch, cursor: committedCursor, head: info.head)]
+        }
+        if let gap = missingBeforeOldest() {
+            phase = .streaming
+            return commitGap(gap, then: .requestFromCursor)
+        }
+        phase = .streaming
+        awaitingReplayDecision = true
+        requestAttempts = 0
+        return sendRequest(now: now)
+    }
+
+    /// With STREAM_INFO: the events the peripheral no longer holds but we never received.
+    private func missingBeforeOldest() -> ClosedRange<UInt64>? {
+        guard hasStreamInfo, let head = knownHead, head > stagedCursor else { return nil }
+        // We only get here with info read this session; `oldest == 0` means nothing is retained.
+        let oldest = lastInfoOldest
+        if oldest == 0 { return (stagedCursor + 1)...head }
+        if oldest > stagedCursor + 1 { return (stagedCursor + 1)...(oldest - 1) }
+        return nil
+    }
+
+
+    private mutating func handleResponseTimeout(now: Double) -> [SyncAction] {
+        guard hasMoreExpected else {
+            waitingSince = nil
+            return checkCaughtUp(now: now)
+        }
+        if !hasStreamInfo {
+            // Without STREAM_INFO silence is the only signal that the peripheral has nothing more.
+            waitingSince = nil
+            isCaughtUp = true
+            return caughtUpActions()
+        }
+        if requestAttempts >= configuration.maxRequestAttempts {
+            return close(.noResponse)
+        }
+        return sendRequest(now: now)
+    }
+
+    private mutating func checkCaughtUp(now: Double) -> [SyncAction] {
+        guard !isCaughtUp, commitInFlight == nil, staged.isEmpty else { return [] }
+        if let head = knownHead {
+            guard committedCursor >= head else { return [] }
+            isCaughtUp = true
+            return caughtUpActions()
+        }
+        return []
+    }
+
+    private mutating func caughtUpActions() -> [SyncAction] {
+        var actions: [SyncAction] = [.caughtUp(cursor: committedCursor)]
+        if !configuration.stayConnected {
+            actions += close(.caughtUp)
+        }
+        return actions
+    }
+
+    private mutating func close(_ reason: DisconnectReason) -> [SyncAction] {
+        waitingSince = nil
+        if phase == .closed { return [] }
+        phase = .closed
+        var actions: [SyncAction] = []
+        if commitInFlight == nil && !staged.isEmpty {
+            actions += commitStaged(acknowledge: false)
+        }
+        actions.append(.disconnect(reason))
+        return actions
+    }
+}
+
+/// One window's worth of durable work: ONE transaction moves the cursor from `expectedCursor` to
+/// `newCursor`, inserting `frames` and, in front of them, the `gap` record if any.
+public struct CommitBatch: Sendable, Equatable {
+    /// The cursor the machine believes is stored; the store re-checks it inside the transaction.
+    public var expectedCursor: UInt64
+    /// Seqs recorded as lost (a GAP outbox event), all below the first frame.
+    public var gap: ClosedRange<UInt64>?
+    /// Contiguous DATA frames, strictly increasing.
+    public var frames: [Frame]
+    public var newCursor: UInt64
+    /// Whether a SYNC_ACK follows the commit (false when the link is gone).
+    public var acknowledge: Bool
+
+    public init(
+        expectedCursor: UInt64, gap: ClosedRange<UInt64>?, frames: [Frame], newCursor: UInt64, acknowledge: Bool
+    ) {
+        self.expectedCursor = expectedCursor
+        self.gap = gap
+        self.frames = frames
+        self.newCursor = newCursor
+        self.acknowledge = acknowledge
+    }
+}
+
+public enum SyncAction: Sendable, Equatable {
+    /// Read STREAM_INFO; answer with `streamInfoRead` or `streamInfoFailed`.
+    case readStreamInfo
+    /// Look up the stored cursor of (peripheral, epoch); answer with `cursorLoaded`.
+    case loadCursor(epoch: UInt64)
+    /// Subscribe to DATA (AcquireNotify, falling back to StartNotify) before the SYNC_REQ goes out.
+    case subscribe
+    case sendSyncRequest(lastCommitted: UInt64, window: UInt16)
+    case sendSyncAck(UInt64)
+    /// Commit in ONE transaction; answer with `commitFinished(cursor:)` or `commitFailed`.
+    case commit(CommitBatch)
+    /// Record a REGRESSION for the stream and rebase it (see the store); answer with `cursorLoaded`.
+    case recordRegression(epoch: UInt64, cursor: UInt64, head: UInt64)
+    /// Informational: everything the peripheral had is committed and acknowledged.
+    case caughtUp(cursor: UInt64)
+    case disconnect(SyncSession.DisconnectReason)
+}

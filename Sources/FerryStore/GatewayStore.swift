@@ -1,0 +1,339 @@
+import CSQLite
+import FerryProtocol
+import Foundation
+
+/// A stream's key in the store: (peripheral identity address, epoch). After a counter regression the
+/// store epoch differs from the epoch the peripheral reports (see `recordRegression`).
+public struct StreamKey: Sendable, Hashable, CustomStringConvertible {
+    public var peripheral: PeripheralAddress
+    public var epoch: UInt64
+
+    public init(peripheral: PeripheralAddress, epoch: UInt64) {
+        self.peripheral = peripheral
+        self.epoch = epoch
+    }
+
+    public var description: String { "\(peripheral)/\(epoch)" }
+}
+
+/// The open stream for a peripheral's reported epoch: where its frames go and what is committed.
+public struct StreamHandle: Sendable, Equatable {
+    public var key: StreamKey
+    public var deviceEpoch: UInt64
+    public var cursor: UInt64
+}
+
+/// What one window commit did.
+public struct CommitOutcome: Sendable, Equatable {
+    /// The stored cursor after the transaction.
+    public var cursor: UInt64
+    public var framesInserted: Int
+    /// Frames of the batch already at or below the stored cursor (replayed after a crash before the ACK).
+    public var framesAlreadyStored: Int
+    public var gapRecorded: ClosedRange<UInt64>?
+}
+
+/// The gateway's one SQLite file: staged frames, the transactional outbox and the stream cursors.
+/// One owner; not thread-safe (wrap it in an actor or keep it on one thread).
+public final class GatewayStore {
+    public let database: Database
+    let clock: any WallClock
+
+    public static let pragmas = """
+        PRAGMA journal_mode = WAL;
+        PRAGMA synchronous = FULL;
+        PRAGMA foreign_keys = ON;
+        """
+
+    /// Opens or creates the store. `create: false` refuses a missing file (status/list commands).
+    public init(path: String, clock: any WallClock = SystemWallClock(), create: Bool = true) throws {
+        let db: Database
+        do {
+            db = try Database.open(path: path, create: create)
+        } catch let e as SQLiteError {
+            throw StoreError.sqlite(e)
+        }
+        database = db
+        self.clock = clock
+        do {
+            // Must precede the first table: only then does the file get incremental auto-vacuum.
+            let version = try db.integer("PRAGMA user_version") ?? 0
+            // Version 0 with tables is another application's file (Ferry's first migration sets the version
+            // in the same transaction as its tables): refuse it before WAL or migrations change it.
+            if version == 0, try db.integer("SELECT count(*) FROM sqlite_master") ?? 0 > 0 {
+                throw StoreError.notADatabase(
+                    path: path, detail: "it holds another application's tables (schema version 0), not Ferry's")
+            }
+            if version == 0 { try db.execute("PRAGMA auto_vacuum = INCREMENTAL") }
+            try db.execute(GatewayStore.pragmas)
+            try migrate()
+        } catch let e as SQLiteError where e.primaryCode == SQLITE_NOTADB || e.primaryCode == SQLITE_CORRUPT {
+            throw StoreError.notADatabase(path: path, detail: e.message)
+        } catch let e as SQLiteError {
+            throw StoreError.sqlite(e)
+        }
+    }
+
+    private func migrate() throws {
+        let current = try database.integer("PRAGMA user_version") ?? 0
+        guard current <= Schema.latestVersion else {
+            throw StoreError.schemaTooNew(found: current, supported: Schema.latestVersion)
+        }
+        for migration in Schema.migrations where migration.version > current {
+            try database.writeTransaction {
+                try database.execute(migration.sql)
+                try database.execute("PRAGMA user_version = \(migration.version)")
+            }
+        }
+    }
+
+    /// Runs `body`, turning SQLite failures into `StoreError`.
+    func store<T>(_ body: () throws -> T) throws -> T {
+        do {
+            return try body()
+        } catch let e as SQLiteError {
+            throw StoreError.sqlite(e)
+        }
+    }
+
+    // MARK: - Streams
+
+    /// The active stream for the epoch a peripheral reports, created (cursor 0) if new. A new epoch is a new
+    /// stream; the rows of older epochs are kept.
+    public func openStream(peripheral: PeripheralAddress, deviceEpoch: UInt64) throws -> StreamHandle {
+        try store {
+            try database.writeTransaction {
+                if let existing = try activeStream(peripheral: peripheral, deviceEpoch: deviceEpoch) {
+                    return existing
+                }
+                let now = clock.nowMillis()
+                try database.cached(
+                    """
+                    INSERT INTO stream_cursors (peripheral, epoch, device_epoch, cursor, active, created_at, updated_at)
+                    VALUES (?, ?, ?, 0, 1, ?, ?)
+                    """
+                ).run([
+                    .text(peripheral.string), .text(String(deviceEpoch)), .text(String(deviceEpoch)),
+                    .integer(now), .integer(now),
+                ])
+                return StreamHandle(
+                    key: StreamKey(peripheral: peripheral, epoch: deviceEpoch), deviceEpoch: deviceEpoch, cursor: 0)
+            }
+        }
+    }
+
+    private func activeStream(peripheral: PeripheralAddress, deviceEpoch: UInt64) throws -> StreamHandle? {
+        let statement = try database.cached(
+            "SELECT epoch, cursor FROM stream_cursors WHERE peripheral = ? AND device_epoch = ? AND active = 1")
+        var handle: StreamHandle?
+        try statement.forEach([.text(peripheral.string), .text(String(deviceEpoch))]) { row in
+            handle = StreamHandle(
+                key: StreamKey(peripheral: peripheral, epoch: UInt64(row.text(0)) ?? 0), deviceEpoch: deviceEpoch,
+                cursor: UInt64(bitPattern: row.int64(1)))
+        }
+        return handle
+    }
+
+    private func storedCursor(_ key: StreamKey) throws -> UInt64? {
+        try database.integer(
+            "SELECT cursor FROM stream_cursors WHERE peripheral = ? AND epoch = ?",
+            [.text(key.peripheral.string), .text(String(key.epoch))]
+        ).map { UInt64(bitPattern: $0) }
+    }
+
+    /// ONE transaction: the batch's frames, their FRAMES outbox event, the GAP event if any, and the cursor
+    /// move. The cursor is re-read inside the transaction: frames at or below it were committed before (a
+    /// replay after a crash between commit and ACK) and are skipped, so nothing is stored twice.
+    @discardableResult
+    public func commit(_ batch: CommitBatch, to key: StreamKey, receivedAt: Int64? = nil) throws -> CommitOutcome {
+        let now = receivedAt ?? clock.nowMillis()
+        return try store {
+            try database.writeTransaction {
+                guard let stored = try storedCursor(key) else {
+                    throw StoreError.cursorMismatch(stored: 0, batchStartsAt: batch.gap?.lowerBound ?? 0)
+                }
+                var gap = batch.gap
+                if let g = gap {
+                    gap = g.upperBound <= stored ? nil : max(g.lowerBound, stored + 1)...g.upperBound
+                }
+                let fresh = batch.frames.filter { $0.seq > stored }
+                let alreadyStored = batch.frames.count - fresh.count
+                var expected = stored
+                if let gap {
+                    guard gap.lowerBound == expected + 1 else {
+                        throw StoreError.cursorMismatch(stored: stored, batchStartsAt: gap.lowerBound)
+                    }
+                    expected = gap.upperBound
+                }
+                for frame in fresh {
+                    guard frame.type == .data, frame.seq == expected + 1 else {
+                        throw StoreError.cursorMismatch(stored: stored, batchStartsAt: frame.seq)
+                    }
+                    expected = frame.seq
+                }
+                if expected == stored {
+                    return CommitOutcome(cursor: stored, framesInserted: 0, framesAlreadyStored: alreadyStored,
+                        gapRecorded: nil)
+                }
+                let peripheral = key.peripheral.string
+                let epoch = String(key.epoch)
+                if let gap {
+                    let payload =
+                        #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","first_seq":"\#(gap.lowerBound)","#
+                        + #""last_seq":"\#(gap.upperBound)","detected_at":"\#(Timestamp.iso8601(millis: now))"}"#
+                    try insertOutboxEvent(
+                        type: "GAP", payload: payload, key: key, first: gap.lowerBound, last: gap.upperBound,
+                        frameCount: 0, now: now)
+                }
+                if let first = fresh.first, let last = fresh.last {
+                    let payload =
+                        #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","first_seq":"\#(first.seq)","#
+                        + #""last_seq":"\#(last.seq)","count":\#(fresh.count)}"#
+                    let eventID = try insertOutboxEvent(
+                        type: "FRAMES", payload: payload, key: key, first: first.seq, last: last.seq,
+                        frameCount: fresh.count, payloadBytes: fresh.reduce(0) { $0 + $1.payload.count }, now: now)
+                    let insert = try database.cached(
+                        """
+                        INSERT INTO staged_frames (peripheral, epoch, seq, payload, received_at, outbox_id)
+                        VALUES (?, ?, ?, ?, ?, ?)
+                        """)
+                    for frame in fresh {
+                        try insert.run([
+                            .text(peripheral), .text(epoch), .integer(Int64(bitPattern: frame.seq)),
+                            .blob(frame.payload), .integer(now), .text(eventID),
+                        ])
+                    }
+                }
+                try database.cached(
+                    "UPDATE stream_cursors SET cursor = ?, updated_at = ? WHERE peripheral = ? AND epoch = ?"
+                ).run([.integer(Int64(bitPattern: expected)), .integer(now), .text(peripheral), .text(epoch)])
+                return CommitOutcome(
+                    cursor: expected, framesInserted: fresh.count, framesAlreadyStored: alreadyStored,
+                    gapRecorded: gap)
+            }
+        }
+    }
+
+    @discardableResult
+    private func insertOutboxEvent(
+        type: String, payload: String, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int,
+        payloadBytes: Int = 0, now: Int64
+    ) throws -> String {
+        let id = UUID().uuidString.lowercased()
+        try database.cached(
+            """
+            INSERT INTO outbox_events (id, event_type, payload, status, retry_count, next_retry_at, created_at,
+                                       peripheral, epoch, first_seq, last_seq, frame_count, payload_bytes)
+            VALUES (?, ?, ?, 'PENDING', 0, ?, ?, ?, ?, ?, ?, ?, ?)
+            """
+        ).run([
+            .text(id), .text(type), .text(payload), .integer(now), .integer(now), .text(key.peripheral.string),
+            .text(String(key.epoch)), first.map { .integer(Int64(bitPattern: $0)) } ?? .null,
+            last.map { .integer(Int64(bitPattern: $0)) } ?? .null, .integer(Int64(frameCount)),
+            .integer(Int64(payloadBytes)),
+        ])
+        return id
+    }
+
+    /// A counter regression (same epoch, head below our cursor): ONE transaction records a REGRESSION outbox
+    /// event for the old stream and rebases the peripheral onto a fresh store epoch with cursor 0, so the
+    /// events it sends from now on are kept under a new, unique (peripheral, epoch, seq) instead of being
+    /// dropped as "duplicates" of different, older events. The old stream's rows are kept.
+    public func recordRegression(
+        stream: StreamHandle, cursor: UInt64, head: UInt64
+    ) throws -> StreamHandle {
+        try store {
+            try database.writeTransaction {
+                let now = clock.nowMillis()
+                var newEpoch: UInt64
+                repeat {
+                    newEpoch = UInt64.random(in: 1...UInt64.max)
+                } while try storedCursor(StreamKey(peripheral: stream.key.peripheral, epoch: newEpoch)) != nil
+                let peripheral = stream.key.peripheral.string
+                let payload =
+                    #"{"peripheral":"\#(peripheral)","epoch":"\#(stream.key.epoch)","cursor":"\#(cursor)","#
+                    + #""head":"\#(head)","new_epoch":"\#(newEpoch)","detected_at":"\#(Timestamp.iso8601(millis: now))"}"#
+                try insertOutboxEvent(
+                    type: "REGRESSION", payload: payload, key: stream.key, first: nil, last: nil, frameCount: 0,
+                    now: now)
+                try database.cached(
+                    "UPDATE stream_cursors SET active = 0, updated_at = ? WHERE peripheral = ? AND epoch = ?"
+                ).run([.integer(now), .text(peripheral), .text(String(stream.key.epoch))])
+                try database.cached(
+                    """
+                    INSERT INTO stream_cursors (peripheral, epoch, device_epoch, cursor, active, created_at, updated_at)
+                    VALUES (?, ?, ?, 0, 1, ?, ?)
+                    """
+                ).run([
+                    .text(peripheral), .text(String(newEpoch)), .text(String(stream.deviceEpoch)), .integer(now),
+                    .integer(now),
+                ])
+                return StreamHandle(
+                    key: StreamKey(peripheral: stream.key.peripheral, epoch: newEpoch), deviceEpoch: stream.deviceEpoch,
+                    cursor: 0)
+            }
+        }
+    }
+
+    // MARK: - Reading
+
+    public struct StreamStatus: Sendable, Equatable {
+        public var peripheral: String
+        public var epoch: String
+        public var deviceEpoch: String
+        public var cursor: UInt64
+        public var active: Bool
+        public var framesStaged: Int
+        public var updatedAt: Int64
+    }
+
+    public func streams() throws -> [StreamStatus] {
+        try store {
+            var result: [StreamStatus] = []
+            let statement = try database.cached(
+                """
+                SELECT c.peripheral, c.epoch, c.device_epoch, c.cursor, c.active, c.updated_at,
+                       (SELECT count(*) FROM staged_frames f WHERE f.peripheral = c.peripheral AND f.epoch = c.epoch)
+                FROM stream_cursors c ORDER BY c.peripheral, c.created_at
+                """)
+            try statement.forEach { row in
+                result.append(
+                    StreamStatus(
+                        peripheral: row.text(0), epoch: row.text(1), deviceEpoch: row.text(2),
+                        cursor: UInt64(bitPattern: row.int64(3)), active: row.int64(4) != 0,
+                        framesStaged: Int(row.int64(6)), updatedAt: row.int64(5)))
+            }
+            return result
+        }
+    }
+
+    /// Outbox event counts by status (every status present, zero if none).
+    public func outboxCounts() throws -> [String: Int] {
+        try store {
+            var counts = ["PENDING": 0, "IN_FLIGHT": 0, "COMPLETED": 0, "FAILED": 0]
+            try database.cached("SELECT status, count(*) FROM outbox_events GROUP BY status").forEach { row in
+                counts[row.text(0)] = Int(row.int64(1))
+            }
+            return counts
+        }
+    }
+
+    public func oldestPendingCreatedAt() throws -> Int64? {
+        try store { try database.integer("SELECT min(created_at) FROM outbox_events WHERE status = 'PENDING'") }
+    }
+
+    /// Frames of a stream in seq order (tests and audits; not for hot paths).
+    public func frames(of key: StreamKey) throws -> [(seq: UInt64, payload: [UInt8])] {
+        try store {
+            var result: [(UInt64, [UInt8])] = []
+            // seq is stored as the UInt64 bit pattern: seqs above 2^63 are negative integers, so plain
+            // `ORDER BY seq` would put them first. `seq < 0` first sorts the two halves into unsigned order.
+            try database.cached(
+                "SELECT seq, payload FROM staged_frames WHERE peripheral = ? AND epoch = ? ORDER BY seq < 0, seq"
+            ).forEach([.text(key.peripheral.string), .text(String(key.epoch))]) { row in
+                result.append((UInt64(bitPattern: row.int64(0)), row.blob(1)))
+            }
+            return result
+        }
+    }
+}

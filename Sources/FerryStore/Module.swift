@@ -1,1 +1,0 @@
-// The FerryStore module. Its sources land in this folder.

@@ -1,0 +1,314 @@
+import Foundation
+
+/// One row of `outbox_events`.
+public struct OutboxEvent: Sendable, Equatable {
+    public var id: String
+    public var type: String
+    public var payload: String
+    public var status: String
+    public var retryCount: Int
+    public var nextRetryAt: Int64
+    public var createdAt: Int64
+    public var peripheral: String
+    public var epoch: String
+    public var firstSeq: UInt64?
+    public var lastSeq: UInt64?
+    public var frameCount: Int
+    public var payloadBytes: Int
+    public var batchID: String?
+    public var lastError: String?
+}
+
+/// A frame as it goes upstream.
+public struct StoredFrame: Sendable, Equatable {
+    public var seq: UInt64
+    public var payload: [UInt8]
+    public var receivedAt: Int64
+}
+
+/// Events claimed together under one batch id (the upload's Idempotency-Key).
+public struct ClaimedBatch: Sendable, Equatable {
+    public var id: String
+    public var events: [OutboxEvent]
+    /// True when the batch was claimed before (a retry or a zombie): same events, same key.
+    public var isRetry: Bool
+}
+
+public enum OutboxStatus: String, Sendable, CaseIterable {
+    case pending = "PENDING"
+    case inFlight = "IN_FLIGHT"
+    case completed = "COMPLETED"
+    case failed = "FAILED"
+}
+
+/// Batch limits for a claim.
+public struct ClaimLimits: Sendable, Equatable {
+    public var maxEvents = 50
+    public var maxFrames = 1000
+    /// Sum of frame payload bytes (before base64); the first event is always taken whatever its size.
+    public var maxPayloadBytes = 256 * 1024
+    public init() {}
+}
+
+extension GatewayStore {
+    private static let eventColumns = """
+        id, event_type, payload, status, retry_count, next_retry_at, created_at, peripheral, epoch,
+        first_seq, last_seq, frame_count, payload_bytes, batch_id, last_error
+        """
+
+    private static func event(_ row: Statement) -> OutboxEvent {
+        OutboxEvent(
+            id: row.text(0), type: row.text(1), payload: row.text(2), status: row.text(3),
+            retryCount: Int(row.int64(4)), nextRetryAt: row.int64(5), createdAt: row.int64(6),
+            peripheral: row.text(7), epoch: row.text(8),
+            firstSeq: row.isNull(9) ? nil : UInt64(bitPattern: row.int64(9)),
+            lastSeq: row.isNull(10) ? nil : UInt64(bitPattern: row.int64(10)),
+            frameCount: Int(row.int64(11)), payloadBytes: Int(row.int64(12)), batchID: row.optionalText(13),
+            lastError: row.optionalText(14))
+    }
+
+    /// Claims the next batch atomically (ONE transaction): the oldest due PENDING event decides. If it was
+    /// claimed before (a retry, or a zombie returned to PENDING) its whole batch is claimed again under the
+    /// same id, so the retry carries the identical body and key. Otherwise a new batch of the oldest due,
+    /// never-claimed events is formed within `limits` and its id persisted on the rows.
+    public func claimBatch(limits: ClaimLimits = ClaimLimits(), now: Int64) throws -> ClaimedBatch? {
+        try store {
+            try database.writeTransaction {
+                let first = try database.cached(
+                    "SELECT id, batch_id FROM outbox_events WHERE status = 'PENDING' AND next_retry_at <= ? "
+                        + "ORDER BY created_at, rowid LIMIT 1")
+                var oldest: (id: String, batch: String?)?
+                try first.forEach([.integer(now)]) { oldest = ($0.text(0), $0.optionalText(1)) }
+                guard let oldest else { return nil }
+
+                var events: [OutboxEvent] = []
+                let batchID: String
+                let isRetry: Bool
+                if let existing = oldest.batch {
+                    batchID = existing
+                    isRetry = true
+                    try database.cached(
+                        "SELECT \(GatewayStore.eventColumns) FROM outbox_events "
+                            + "WHERE batch_id = ? AND status = 'PENDING' ORDER BY created_at, rowid"
+                    ).forEach([.text(existing)]) { events.append(GatewayStore.event($0)) }
+                } else {
+                    batchID = UUID().uuidString.lowercased()
+                    isRetry = false
+                    var frames = 0
+                    var bytes = 0
+                    try database.cached(
+                        "SELECT \(GatewayStore.eventColumns) FROM outbox_events "
+                            + "WHERE status = 'PENDING' AND batch_id IS NULL AND next_retry_at <= ? "
+                            + "ORDER BY created_at, rowid LIMIT ?"
+                    ).forEach([.integer(now), .integer(Int64(limits.maxEvents))]) { row in
+                        let event = GatewayStore.event(row)
+                        let fits =
+                            events.isEmpty
+                            || (frames + event.frameCount <= limits.maxFrames
+                                && bytes + event.payloadBytes <= limits.maxPayloadBytes)
+                        guard fits, events.count < limits.maxEvents else { return }
+                        frames += event.frameCount
+                        bytes += event.payloadBytes
+                        events.append(event)
+                    }
+                }
+                let claim = try database.cached(
+                    "UPDATE outbox_events SET status = 'IN_FLIGHT', batch_id = ?, claimed_at = ? WHERE id = ?")
+                for index in events.indices {
+                    try claim.run([.text(batchID), .integer(now), .text(events[index].id)])
+                    events[index].status = "IN_FLIGHT"
+                    events[index].batchID = batchID
+                }
+                return events.isEmpty ? nil : ClaimedBatch(id: batchID, events: events, isRetry: isRetry)
+            }
+        }
+    }
+
+    /// The frames a FRAMES event carries, in seq order.
+    public func frames(for event: OutboxEvent) throws -> [StoredFrame] {
+        guard event.type == "FRAMES", let first = event.firstSeq, let last = event.lastSeq else { return [] }
+        return try store {
+            var frames: [StoredFrame] = []
+            frames.reserveCapacity(event.frameCount)
+            let lo = Int64(bitPattern: first)
+            let hi = Int64(bitPattern: last)
+            // Seqs are stored as their Int64 bit pattern; a range crossing 2^63 is found by the event id instead.
+            let statement =
+                lo <= hi
+                ? try database.cached(
+                    "SELECT seq, payload, received_at FROM staged_frames "
+                        + "WHERE peripheral = ? AND epoch = ? AND seq BETWEEN ? AND ? AND outbox_id = ?")
+                : try database.cached(
+                    "SELECT seq, payload, received_at FROM staged_frames "
+                        + "WHERE peripheral = ? AND epoch = ? AND (seq >= ? OR seq <= ?) AND outbox_id = ?")
+            try statement.forEach([.text(event.peripheral), .text(event.epoch), .integer(lo), .integer(hi), .text(event.id)])
+            { row in
+                frames.append(
+                    StoredFrame(seq: UInt64(bitPattern: row.int64(0)), payload: row.blob(1), receivedAt: row.int64(2)))
+            }
+            frames.sort { $0.seq < $1.seq }
+            return frames
+        }
+    }
+
+    /// 2xx: the batch's events are delivered. Also accepted for rows a zombie sweep returned to PENDING in the
+    /// meantime (same key: the backend deduplicated).
+    public func completeBatch(_ batchID: String, now: Int64) throws {
+        try store {
+            try database.cached(
+                "UPDATE outbox_events SET status = 'COMPLETED', completed_at = ?, last_error = NULL "
+                    + "WHERE batch_id = ? AND status IN ('IN_FLIGHT', 'PENDING')"
+            ).run([.integer(now), .text(batchID)])
+        }
+    }
+
+    /// A retriable failure: back to PENDING (keeping the batch) at `nextRetryAt`. When `countsAsRetry`, the
+    /// retry count goes up and reaching `maxRetries` makes the events FAILED. Returns true if they failed.
+    @discardableResult
+    public func retryBatch(
+        _ batchID: String, error: String, nextRetryAt: Int64, countsAsRetry: Bool, maxRetries: Int
+    ) throws -> Bool {
+        try store {
+            try database.writeTransaction {
+                let increment: Int64 = countsAsRetry ? 1 : 0
+                try database.cached(
+                    """
+                    UPDATE outbox_events
+                    SET retry_count = retry_count + ?1,
+                        status = CASE WHEN ?1 = 1 AND retry_count + 1 >= ?2 THEN 'FAILED' ELSE 'PENDING' END,
+                        next_retry_at = ?3, last_error = ?4
+                    WHERE batch_id = ?5 AND status = 'IN_FLIGHT'
+                    """
+                ).run([.integer(increment), .integer(Int64(maxRetries)), .integer(nextRetryAt), .text(error), .text(batchID)])
+                return try database.integer(
+                    "SELECT count(*) FROM outbox_events WHERE batch_id = ? AND status = 'FAILED'", [.text(batchID)]) ?? 0 > 0
+            }
+        }
+    }
+
+    /// A permanent failure (4xx other than 401/403/408/429): dead letter, kept for audit and manual retry.
+    public func failBatch(_ batchID: String, error: String) throws {
+        try store {
+            try database.cached(
+                "UPDATE outbox_events SET status = 'FAILED', last_error = ? WHERE batch_id = ? AND status = 'IN_FLIGHT'"
+            ).run([.text(error), .text(batchID)])
+        }
+    }
+
+    /// Zombies: IN_FLIGHT rows claimed before `claimedBefore` (nil: all, at start-up) go back to PENDING,
+    /// keeping their batch id so the retry reuses the same key. Returns how many.
+    @discardableResult
+    public func releaseInFlight(claimedBefore: Int64?) throws -> Int {
+        try store {
+            if let claimedBefore {
+                try database.cached(
+                    "UPDATE outbox_events SET status = 'PENDING' WHERE status = 'IN_FLIGHT' AND claimed_at < ?"
+                ).run([.integer(claimedBefore)])
+            } else {
+                try database.cached("UPDATE outbox_events SET status = 'PENDING' WHERE status = 'IN_FLIGHT'").run()
+            }
+            return database.changes
+        }
+    }
+
+    /// Operator retry of FAILED events: back to PENDING with a fresh retry budget and NO batch id, so they go
+    /// out under a new Idempotency-Key (the old key's response — the failure — may be cached upstream).
+    @discardableResult
+    public func retryFailed(id: String?, now: Int64) throws -> Int {
+        try store {
+            let sql =
+                "UPDATE outbox_events SET status = 'PENDING', retry_count = 0, next_retry_at = ?, batch_id = NULL "
+                + "WHERE status = 'FAILED'" + (id == nil ? "" : " AND id = ?")
+            try database.cached(sql).run([.integer(now)] + (id.map { [.text($0)] } ?? []))
+            let changed = database.changes
+            if let id, changed == 0 {
+                let exists = try database.integer("SELECT count(*) FROM outbox_events WHERE id = ?", [.text(id)]) ?? 0
+                if exists == 0 { throw StoreError.unknownOutboxEvent(id) }
+            }
+            return changed
+        }
+    }
+
+    public func outboxEvents(status: OutboxStatus?, limit: Int = 1000) throws -> [OutboxEvent] {
+        try store {
+            var events: [OutboxEvent] = []
+            let sql =
+                "SELECT \(GatewayStore.eventColumns) FROM outbox_events"
+                + (status == nil ? "" : " WHERE status = ?") + " ORDER BY created_at, rowid LIMIT ?"
+            let values: [SQLValue] = (status.map { [.text($0.rawValue)] } ?? []) + [.integer(Int64(limit))]
+            try database.cached(sql).forEach(values) { events.append(GatewayStore.event($0)) }
+            return events
+        }
+    }
+
+    /// Counts of PENDING and IN_FLIGHT events: zero means the outbox is drained.
+    public func undeliveredCount() throws -> Int {
+        try store {
+            Int(
+                try database.integer(
+                    "SELECT count(*) FROM outbox_events WHERE status IN ('PENDING', 'IN_FLIGHT')") ?? 0)
+        }
+    }
+
+    /// When the next PENDING event becomes due (for sleeping through backoff).
+    public func nextDueAt() throws -> Int64? {
+        try store { try database.integer("SELECT min(next_retry_at) FROM outbox_events WHERE status = 'PENDING'") }
+    }
+
+    /// Deletes COMPLETED events completed before `before`, with their frames, in transactions of `chunk`
+    /// events. FAILED events are never pruned. Returns (events, frames) deleted.
+    @discardableResult
+    public func pruneCompleted(before: Int64, chunk: Int = 500) throws -> (events: Int, frames: Int) {
+        try store {
+            var totalEvents = 0
+            var totalFrames = 0
+            while true {
+                let deleted: (Int, Int) = try database.writeTransaction {
+                    var ids: [String] = []
+                    try database.cached(
+                        "SELECT id FROM outbox_events WHERE status = 'COMPLETED' AND completed_at < ? LIMIT ?"
+                    ).forEach([.integer(before), .integer(Int64(chunk))]) { ids.append($0.text(0)) }
+                    var frames = 0
+                    for id in ids {
+                        try database.cached(
+                            """
+                            DELETE FROM staged_frames WHERE (peripheral, epoch) =
+                                (SELECT peripheral, epoch FROM outbox_events WHERE id = ?1)
+                              AND seq BETWEEN (SELECT min(first_seq, last_seq) FROM outbox_events WHERE id = ?1)
+                                          AND (SELECT max(first_seq, last_seq) FROM outbox_events WHERE id = ?1)
+                              AND outbox_id = ?1
+                            """
+                        ).run([.text(id)])
+                        frames += database.changes
+                        try database.cached("DELETE FROM outbox_events WHERE id = ?").run([.text(id)])
+                    }
+                    return (ids.count, frames)
+                }
+                totalEvents += deleted.0
+                totalFrames += deleted.1
+                if deleted.0 < chunk { break }
+            }
+            return (totalEvents, totalFrames)
+        }
+    }
+
+    /// Returns free pages to the file system (auto_vacuum=INCREMENTAL); run when idle.
+    public func incrementalVacuum(pages: Int = 1000) throws {
+        try store { try database.execute("PRAGMA incremental_vacuum(\(pages))") }
+    }
+
+    /// Bytes the store occupies on disk: the main file's pages plus the WAL.
+    public func diskBytes() throws -> Int64 {
+        try store {
+            let pages = try database.integer("PRAGMA page_count") ?? 0
+            let size = try database.integer("PRAGMA page_size") ?? 4096
+            var wal: Int64 = 0
+            if let attributes = try? FileManager.default.attributesOfItem(atPath: database.path + "-wal"),
+                let bytes = attributes[.size] as? NSNumber
+            {
+                wal = bytes.int64Value
+            }
+            return pages * size + wal
+        }
+    }
+}

@@ -1,0 +1,82 @@
+/// Versioned schema migrations, tracked with `PRAGMA user_version`. Each migration runs in its own
+/// transaction; a database newer than this binary is refused rather than guessed at.
+///
+/// Table and column names are a contract: operators query the file directly (PROTOCOL §5).
+enum Schema {
+    static let migrations: [(version: Int64, sql: String)] = [
+        (
+            1,
+            """
+            CREATE TABLE stream_cursors (
+                peripheral   TEXT    NOT NULL,
+                epoch        TEXT    NOT NULL,              -- UInt64 as decimal text: the stream's key epoch
+                device_epoch TEXT    NOT NULL,              -- the epoch the peripheral reports (differs after a rebase)
+                cursor       INTEGER NOT NULL DEFAULT 0,    -- highest seq durably committed
+                active       INTEGER NOT NULL DEFAULT 1,    -- 0 once a counter regression rebased the stream
+                created_at   INTEGER NOT NULL,              -- unix milliseconds
+                updated_at   INTEGER NOT NULL,
+                PRIMARY KEY (peripheral, epoch)
+            );
+            CREATE UNIQUE INDEX idx_stream_cursors_active
+                ON stream_cursors (peripheral, device_epoch) WHERE active = 1;
+
+            CREATE TABLE staged_frames (
+                peripheral  TEXT    NOT NULL,
+                epoch       TEXT    NOT NULL,
+                seq         INTEGER NOT NULL,               -- UInt64 bit pattern (negative only above 2^63)
+                payload     BLOB    NOT NULL,
+                received_at INTEGER NOT NULL,               -- unix milliseconds
+                outbox_id   TEXT    NOT NULL,               -- the FRAMES outbox event that carries it upstream
+                PRIMARY KEY (peripheral, epoch, seq)
+            ) WITHOUT ROWID;
+
+            CREATE TABLE outbox_events (
+                id            TEXT    PRIMARY KEY NOT NULL,
+                event_type    TEXT    NOT NULL CHECK (event_type IN ('FRAMES', 'GAP', 'REGRESSION')),
+                payload       TEXT    NOT NULL,             -- JSON (FRAMES: the range; frames live in staged_frames)
+                status        TEXT    NOT NULL CHECK (status IN ('PENDING', 'IN_FLIGHT', 'COMPLETED', 'FAILED')),
+                retry_count   INTEGER NOT NULL DEFAULT 0,
+                next_retry_at INTEGER NOT NULL,             -- unix milliseconds
+                created_at    INTEGER NOT NULL,             -- unix milliseconds
+                peripheral    TEXT    NOT NULL,
+                epoch         TEXT    NOT NULL,
+                first_seq     INTEGER,
+                last_seq      INTEGER,
+                frame_count   INTEGER NOT NULL DEFAULT 0,
+                payload_bytes INTEGER NOT NULL DEFAULT 0,   -- sum of the frames' payload sizes (batch sizing)
+                batch_id      TEXT,                         -- Idempotency-Key of the claim that carries it
+                claimed_at    INTEGER,
+                completed_at  INTEGER,
+                last_error    TEXT
+            );
+            CREATE INDEX idx_outbox_queue ON outbox_events (status, next_retry_at);
+            CREATE INDEX idx_outbox_batch ON outbox_events (batch_id) WHERE batch_id IS NOT NULL;
+            """
+        )
+    ]
+
+    static var latestVersion: Int64 { migrations.last!.version }
+}
+
+public enum StoreError: Error, CustomStringConvertible, Sendable {
+    case sqlite(SQLiteError)
+    /// The file is a database written by a newer Ferry.
+    case schemaTooNew(found: Int64, supported: Int64)
+    /// The file is not a SQLite database, or is damaged.
+    case notADatabase(path: String, detail: String)
+    /// A commit found a stored cursor that does not continue into the batch (another writer, or a bug).
+    case cursorMismatch(stored: UInt64, batchStartsAt: UInt64)
+    case unknownOutboxEvent(String)
+
+    public var description: String {
+        switch self {
+        case .sqlite(let e): e.description
+        case .schemaTooNew(let found, let supported):
+            "database schema version \(found) is newer than this ferry supports (\(supported)); upgrade ferry"
+        case .notADatabase(let path, let detail): "\(path) is not a usable Ferry database: \(detail)"
+        case .cursorMismatch(let stored, let start):
+            "stored cursor \(stored) does not continue into a batch starting at \(start); nothing was written"
+        case .unknownOutboxEvent(let id): "no outbox event with id \(id)"
+        }
+    }
+}

@@ -1,0 +1,79 @@
+import FerryCLI
+import FerryStore
+import Foundation
+import Testing
+
+/// `ferry status`: per-stream cursors and frame counts, outbox counts for all four statuses, oldest PENDING age.
+@Suite struct StatusCommandTests {
+    @Test func jsonShapeWithEveryOutboxStatus() throws {
+        let dir = try TemporaryDirectory()
+        let db = dir.file("ferry.sqlite")
+        let capture = try dir.write(Wire.capture(1...80), to: "c.bin")
+        #expect(ferry("ingest", "--db", db, "--peripheral", peripheral, capture).status == 0)
+        do {
+            // Play the uplink: one event of each status; the PENDING one is an hour old.
+            let sql = try Database.open(path: db)
+            var ids: [String] = []
+            try sql.prepare("SELECT id FROM outbox_events ORDER BY rowid").forEach { ids.append($0.text(0)) }
+            try #require(ids.count == 4)
+            let hourAgo = Int64(Date().timeIntervalSince1970 * 1000) - 3_600_000
+            try sql.prepare("UPDATE outbox_events SET created_at = ? WHERE id = ?").run([.integer(hourAgo), .text(ids[0])])
+            for (id, status) in zip(ids.dropFirst(), ["IN_FLIGHT", "COMPLETED", "FAILED"]) {
+                try sql.prepare("UPDATE outbox_events SET status = ? WHERE id = ?").run([.text(status), .text(id)])
+            }
+        }
+
+        let result = ferry("status", "--db", db, "--json")
+        #expect(result.status == 0)
+        #expect(result.stderr.isEmpty)
+        let json = try result.json()
+        #expect(Set(json.keys) == ["streams", "outbox", "oldest_pending_age_seconds"])
+        let streams = try #require(json["streams"] as? [[String: Any]])
+        #expect(streams.count == 1)
+        let stream = try #require(streams.first)
+        #expect(Set(stream.keys) == ["peripheral", "epoch", "device_epoch", "cursor", "frames_staged", "active"])
+        #expect(stream["peripheral"] as? String == peripheral)
+        #expect(stream["epoch"] as? String == "0")
+        #expect(stream["device_epoch"] as? String == "0")
+        #expect(stream["cursor"] as? String == "80")
+        #expect(stream["frames_staged"] as? Int == 80)
+        #expect(stream["active"] as? Bool == true)
+        let outbox = try #require(json["outbox"] as? [String: Int])
+        #expect(outbox == ["PENDING": 1, "IN_FLIGHT": 1, "COMPLETED": 1, "FAILED": 1])
+        let age = try #require(json["oldest_pending_age_seconds"] as? Double)
+        #expect(age >= 3600 && age < 3660, "oldest PENDING age \(age) s")
+
+        let text = ferry("status", "--db", db)
+        #expect(text.status == 0)
+        #expect(text.stdout.contains { $0.hasPrefix(peripheral) && $0.contains("80") })
+        #expect(text.stdout.contains("outbox: PENDING 1, IN_FLIGHT 1, COMPLETED 1, FAILED 1"))
+        #expect(text.stdout.contains { $0.hasPrefix("oldest PENDING event: 36") })
+    }
+
+    @Test func jsonOfAStoreWithoutPendingEventsHasANullAge() throws {
+        let dir = try TemporaryDirectory()
+        let db = dir.file("ferry.sqlite")
+        let capture = try dir.write([], to: "empty.bin")
+        #expect(ferry("ingest", "--db", db, "--peripheral", peripheral, "--epoch", "12345678901234567890", capture).status == 0)
+        let result = ferry("status", "--db", db, "--json")
+        #expect(result.status == 0)
+        #expect(
+            result.stdout == [
+                #"{"streams":[{"peripheral":"C0:FF:EE:00:00:01","epoch":"12345678901234567890","#
+                    + #""device_epoch":"12345678901234567890","cursor":"0","frames_staged":0,"active":true}],"#
+                    + #""outbox":{"PENDING":0,"IN_FLIGHT":0,"COMPLETED":0,"FAILED":0},"oldest_pending_age_seconds":null}"#
+            ])
+    }
+
+    @Test func severalStreamsAreListed() throws {
+        let dir = try TemporaryDirectory()
+        let db = dir.file("ferry.sqlite")
+        let capture = try dir.write(Wire.capture(1...5), to: "c.bin")
+        #expect(ferry("ingest", "--db", db, "--peripheral", peripheral, capture).status == 0)
+        #expect(ferry("ingest", "--db", db, "--peripheral", "AA:BB:CC:DD:EE:FF", "--epoch", "3", capture).status == 0)
+        let streams = try #require(try ferry("status", "--db", db, "--json").json()["streams"] as? [[String: Any]])
+        #expect(streams.map { $0["peripheral"] as? String } == ["AA:BB:CC:DD:EE:FF", peripheral])
+        #expect(streams.map { $0["epoch"] as? String } == ["3", "0"])
+        #expect(streams.map { $0["frames_staged"] as? Int } == [5, 5])
+    }
+}

@@ -1,0 +1,171 @@
+import FerryStore
+import Foundation
+import Testing
+
+/// The thin SQLite layer: typed errors with code, message and SQL; the statement cache; transactions.
+@Suite struct SQLiteLayerTests {
+    @Test func syntaxErrorCarriesCodeMessageAndSQL() throws {
+        let dir = try TemporaryDirectory()
+        let db = try Database.open(path: dir.file("errors.sqlite"))
+        let sql = "SELEC 1 FROM nowhere"
+        let error = #expect(throws: SQLiteError.self) { try db.execute(sql) }
+        #expect(error?.code == 1)  // SQLITE_ERROR
+        #expect(error?.message.contains("syntax error") == true)
+        #expect(error?.sql == sql)
+        #expect(error?.description.contains(sql) == true)
+
+        let prepareError = #expect(throws: SQLiteError.self) { _ = try db.prepare("SELECT * FROM missing_table") }
+        #expect(prepareError?.message.contains("no such table: missing_table") == true)
+        #expect(prepareError?.sql == "SELECT * FROM missing_table")
+    }
+
+    @Test func constraintViolationCarriesTheExtendedCode() throws {
+        let dir = try TemporaryDirectory()
+        let db = try Database.open(path: dir.file("constraint.sqlite"))
+        try db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+        let insert = "INSERT INTO t (k, v) VALUES (?, ?)"
+        try db.cached(insert).run([.integer(1), .text("a")])
+        let error = #expect(throws: SQLiteError.self) { try db.cached(insert).run([.integer(1), .text("b")]) }
+        #expect(error?.primaryCode == 19)  // SQLITE_CONSTRAINT
+        #expect(error?.code == 1555)  // SQLITE_CONSTRAINT_PRIMARYKEY: extended codes are on
+        #expect(error?.sql == insert)
+        // The failed statement was reset: the cached one still works afterwards.
+        try db.cached(insert).run([.integer(2), .text("c")])
+        #expect(try db.integer("SELECT count(*) FROM t") == 2)
+    }
+
+    @Test func cachedStatementsAreReused() throws {
+        let dir = try TemporaryDirectory()
+        let db = try Database.open(path: dir.file("cache.sqlite"))
+        let first = try db.cached("SELECT ?1 + 1")
+        let second = try db.cached("SELECT ?1 + 1")
+        #expect(first === second)
+        #expect(try db.cached("SELECT ?1 + 2") !== first)
+        #expect(try db.prepare("SELECT ?1 + 1") !== first)  // prepare() always makes a fresh one
+        // Reuse resets bindings: a value bound on the previous use does not leak into the next.
+        try first.bind([.integer(41)])
+        #expect(try first.step())
+        #expect(first.int64(0) == 42)
+        let reused = try db.cached("SELECT ?1 + 1")
+        #expect(try reused.step())
+        #expect(reused.isNull(0))
+    }
+
+    @Test func storeReusesItsCommitStatementsAcrossCommits() throws {
+        let dir = try TemporaryDirectory()
+        let store = try GatewayStore(path: dir.file("reuse.sqlite"), clock: FixedClock())
+        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
+        // sqlite_stmt (SQLITE_ENABLE_STMTVTAB, on in Debian's libsqlite3) lists this connection's live statements.
+        let live = "SELECT count(*) FROM sqlite_stmt"
+        let frameInserts = "SELECT coalesce(sum(run), 0) FROM sqlite_stmt WHERE sql LIKE 'INSERT INTO staged_frames%'"
+        try store.commit(batch(from: 0, dataFrames(1...20)), to: stream.key)
+        let runsAfterFirst = try store.count(frameInserts)  // (also puts both probe queries in the cache)
+        let afterFirst = try store.count(live)
+        for window in 1..<10 {
+            let first = UInt64(window * 20 + 1)
+            try store.commit(batch(from: first - 1, dataFrames(first...(first + 19))), to: stream.key)
+        }
+        #expect(try store.count(live) == afterFirst, "commits prepared new statements instead of reusing them")
+        // One statement ran once per frame: 200 runs, not 200 statements.
+        #expect(try store.count("SELECT count(*) FROM sqlite_stmt WHERE sql LIKE 'INSERT INTO staged_frames%'") == 1)
+        #expect(try store.count(frameInserts) - runsAfterFirst == 180)
+    }
+
+    @Test func writeTransactionRollsBackOnAThrownError() throws {
+        struct Abort: Error {}
+        let dir = try TemporaryDirectory()
+        let db = try Database.open(path: dir.file("rollback.sqlite"))
+        try db.execute("CREATE TABLE t (v INTEGER NOT NULL)")
+        #expect(throws: Abort.self) {
+            try db.writeTransaction {
+                try db.cached("INSERT INTO t (v) VALUES (?)").run([.integer(1)])
+                #expect(db.isInTransaction)
+                throw Abort()
+            }
+        }
+        #expect(!db.isInTransaction)
+        #expect(try db.integer("SELECT count(*) FROM t") == 0)
+
+        // A failing statement inside rolls back what came before it in the same transaction.
+        #expect(throws: SQLiteError.self) {
+            try db.writeTransaction {
+                try db.cached("INSERT INTO t (v) VALUES (?)").run([.integer(2)])
+                try db.cached("INSERT INTO t (v) VALUES (?)").run([.null])  // NOT NULL
+            }
+        }
+        #expect(!db.isInTransaction)
+        #expect(try db.integer("SELECT count(*) FROM t") == 0)
+
+        let kept = try db.writeTransaction {
+            try db.cached("INSERT INTO t (v) VALUES (?)").run([.integer(3)])
+            return "committed"
+        }
+        #expect(kept == "committed")
+        #expect(try db.integer("SELECT sum(v) FROM t") == 3)
+    }
+
+    @Test func valuesRoundTripIncludingEmptyBlobAndExtremeIntegers() throws {
+        let dir = try TemporaryDirectory()
+        let db = try Database.open(path: dir.file("values.sqlite"))
+        try db.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v)")
+        let values: [SQLValue] = [
+            .null, .integer(Int64.min), .integer(Int64.max), .text("héllo ✓"), .blob([]), .blob([0, 1, 255]),
+        ]
+        for (index, value) in values.enumerated() {
+            try db.cached("INSERT INTO t (k, v) VALUES (?, ?)").run([.integer(Int64(index)), value])
+        }
+        var read: [SQLValue] = []
+        var types: [String] = []
+        try db.prepare("SELECT v, typeof(v) FROM t ORDER BY k").forEach {
+            read.append($0.value(0))
+            types.append($0.text(1))
+        }
+        #expect(types == ["null", "integer", "integer", "text", "blob", "blob"])
+        #expect(read[0] == .null)
+        #expect(read[1] == .integer(Int64.min))
+        #expect(read[2] == .integer(Int64.max))
+        #expect(read[3] == .text("héllo ✓"))
+        #expect(read[4] == .blob([]))
+        #expect(read[5] == .blob([0, 1, 255]))
+    }
+
+    @Test func releasingTheStoreClosesItsConnection() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.file("close.sqlite")
+        weak var released: Database?
+        do {
+            let store = try GatewayStore(path: path, clock: FixedClock())
+            let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
+            try store.commit(batch(from: 0, dataFrames(1...20)), to: stream.key)
+            #expect(FileManager.default.fileExists(atPath: path + "-wal"))
+            released = store.database
+        }
+        #expect(released == nil, "the connection outlived its store (a reference cycle keeps it open)")
+        // Closing the last connection checkpoints the WAL into the main file and removes it.
+        #expect(!FileManager.default.fileExists(atPath: path + "-wal"))
+        #expect(try GatewayStore(path: path, clock: FixedClock()).count("SELECT count(*) FROM staged_frames") == 20)
+    }
+
+    @Test func aPreparedStatementKeepsItsConnectionOpenUntilReleased() throws {
+        let dir = try TemporaryDirectory()
+        weak var released: Database?
+        var statement: Statement?
+        do {
+            let db = try Database.open(path: dir.file("keepalive.sqlite"))
+            _ = try db.integer("SELECT 1")  // something in the cache too
+            statement = try db.prepare("SELECT 41 + 1")
+            released = db
+        }
+        #expect(released != nil)
+        #expect(try statement?.step() == true)
+        #expect(statement?.int64(0) == 42)
+        statement = nil
+        #expect(released == nil)
+    }
+
+    @Test func openingInAMissingDirectoryFailsWithCantOpen() throws {
+        let dir = try TemporaryDirectory()
+        let error = #expect(throws: SQLiteError.self) { _ = try Database.open(path: dir.file("no/such/dir.sqlite")) }
+        #expect(error?.primaryCode == 14)  // SQLITE_CANTOPEN
+    }
+}
