@@ -36,6 +36,17 @@ import Testing
         #expect(try backend.stat("distinct_natural_keys") == 20)
     }
 
+    @Test func sequentialPostsReuseOneKeptAliveConnection() async throws {
+        let backend = try ReferenceBackend()
+        defer { backend.stop() }
+        let client = try poster(backend)
+        for index in 0..<10 {
+            let attempt = await post(client, batch: "b-\(index)", firstSeq: UInt64(index * 20 + 1))
+            #expect(attempt.outcome == .completed(status: 200))
+        }
+        #expect(try backend.stat("connections_accepted") == 1)
+    }
+
     @Test func forced422Fails() async throws {
         let backend = try ReferenceBackend(arguments: ["--reject-status", "422", "--reject-rate", "1.0"])
         defer { backend.stop() }
