@@ -166,6 +166,15 @@ import Testing
         #expect(throws: UplinkHTTPError.self) {
             try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: URL(string: "https://u:p@x/")!))
         }
+        #expect(throws: UplinkHTTPError.self) {
+            try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: URL(string: "http://example.com/")!))
+        }
+        #expect(throws: Never.self) {
+            _ = try UplinkHTTPPoster(
+                configuration: UplinkHTTPConfiguration(endpoint: URL(string: "http://example.com/")!, allowPlainHTTP: true))
+            _ = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: URL(string: "http://localhost:8080/")!))
+            _ = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: URL(string: "http://[::1]:8080/")!))
+        }
         #expect(throws: UplinkHTTPError.invalidTimeout(0)) {
             try UplinkHTTPPoster(
                 configuration: UplinkHTTPConfiguration(endpoint: URL(string: "https://x/")!, requestTimeoutSeconds: 0))
