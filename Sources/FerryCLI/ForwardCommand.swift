@@ -27,9 +27,10 @@ enum ForwardCommand {
           --gzip MODE           never | auto (when the backend advertises Accept-Encoding: gzip) | always;
                                 default auto; bodies under 1 KiB are never compressed
           --json                print the run's report as one JSON object
+          --verbose             log every retry and pause on stderr
+
         Certificates are verified against the system's CA store; a private backend CA goes there (or is bound
         over /etc/ssl/certs/ca-certificates.crt by systemd's BindReadOnlyPaths=): see docs/UPLINK.md.
-          --verbose             log every retry and pause on stderr
         """
 
     static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
