@@ -105,6 +105,8 @@ public struct SyncSession: Sendable {
     private var afterCommit: AfterCommit = .nothing
     /// Set after a gap re-request: the first DATA decides whether the loss was in transit or is real.
     private var awaitingReplayDecision = false
+    /// Consecutive re-requested replays whose first DATA skipped past the cursor again.
+    private var replaysSkippingGap = 0
     private var lastDataAt: Double = 0
     /// When the last SYNC_REQ or SYNC_ACK went out while more DATA was expected (nil: not waiting).
     private var waitingSince: Double?
@@ -219,7 +221,10 @@ public struct SyncSession: Sendable {
         statistics.committedFrames += batch.frames.count
         if batch.gap != nil { statistics.gapsRecorded += 1 }
         var actions: [SyncAction] = []
-        if batch.acknowledge && phase != .closed {
+        // No ACK right before a gap re-request: it would open the window, and the frames it releases arrive
+        // ahead of the replay, where "higher again" would record a GAP for events the peripheral still has
+        // and the next ACK would let it delete them. The SYNC_REQ(cursor) that follows names the cursor.
+        if batch.acknowledge && phase != .closed && afterCommit != .resolveGap {
             actions += acknowledge(cursor, now: now)
         }
         let mustFlush = phase != .streaming || afterCommit != .nothing || stopping
@@ -342,16 +347,23 @@ public struct SyncSession: Sendable {
             return []
         case .next:
             awaitingReplayDecision = false
+            replaysSkippingGap = 0
             return stage(frame)
         case .gap(let first, let last):
-            if awaitingReplayDecision {
-                // The re-requested replay skipped again: those events are gone. Record the gap and accept.
-                awaitingReplayDecision = false
-                stagedGap = first...last
-                statistics.gapsDetected += 1
-                return stage(frame)
-            }
             statistics.gapsDetected += 1
+            if awaitingReplayDecision {
+                awaitingReplayDecision = false
+                replaysSkippingGap += 1
+                if replaysSkippingGap >= configuration.maxRequestAttempts {
+                    // Replay after replay skips it: those events are gone. Record the gap and accept.
+                    replaysSkippingGap = 0
+                    stagedGap = first...last
+                    return stage(frame)
+                }
+                // One skipped replay is not proof: the replay's first notification can be lost in transit
+                // too, and recording a GAP here would ACK past events the peripheral still holds (it then
+                // deletes them). Drain and re-request; with STREAM_INFO the re-read `oldest` decides.
+            }
             phase = .draining
             return []
         }
