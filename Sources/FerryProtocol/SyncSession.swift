@@ -114,6 +114,8 @@ public struct SyncSession: Sendable {
     /// STREAM_INFO's oldest retained seq, from the latest read.
     private var lastInfoOldest: UInt64 = 0
     public private(set) var isCaughtUp = false
+    /// The seq named by this session's latest SYNC_ACK (nil: none sent yet).
+    private var lastAcknowledged: UInt64?
     /// Set once the owner stops the session (shutdown): no more frames are taken.
     private var stopping = false
 
@@ -190,11 +192,9 @@ public struct SyncSession: Sendable {
         }
         actions += sendRequest(now: now)
         if let head = knownHead, head <= cursor {
-            // Nothing to replay: the final SYNC_ACK names what is already stored.
-            statistics.acks += 1
+            // Nothing to replay: the final SYNC_ACK (from caughtUpActions) names what is already stored.
             waitingSince = nil
             isCaughtUp = true
-            actions.append(.sendSyncAck(cursor))
             actions += caughtUpActions()
         }
         return actions
@@ -221,19 +221,22 @@ public struct SyncSession: Sendable {
         statistics.committedFrames += batch.frames.count
         if batch.gap != nil { statistics.gapsRecorded += 1 }
         var actions: [SyncAction] = []
-        // No ACK right before a gap re-request: it would open the window, and the frames it releases arrive
-        // ahead of the replay, where "higher again" would record a GAP for events the peripheral still has
-        // and the next ACK would let it delete them. The SYNC_REQ(cursor) that follows names the cursor.
-        if batch.acknowledge && phase != .closed && afterCommit != .resolveGap {
+        // No ACK when a gap re-request follows: an ACK opens the peripheral's window, and the old replay's
+        // next frames would then arrive after our SYNC_REQ and look like "the replay skipped again" — a
+        // GAP over events the peripheral still has (the SYNC_REQ carries the committed cursor anyway).
+        let reRequestFollows = afterCommit == .resolveGap || afterCommit == .requestFromCursor
+        if batch.acknowledge && phase != .closed && !reRequestFollows {
             actions += acknowledge(cursor, now: now)
         }
         let mustFlush = phase != .streaming || afterCommit != .nothing || stopping
         if !staged.isEmpty && (staged.count >= configuration.ackBatch || mustFlush) {
-            actions += commitStaged(acknowledge: phase != .closed)
+            actions += commitStaged(acknowledge: phase != .closed && !reRequestFollows)
             return actions
         }
         let next = afterCommit
         afterCommit = .nothing
+        // The link is gone: a pending gap resolution or re-request must not touch it.
+        if phase == .closed { return actions }
         switch next {
         case .nothing:
             if phase == .streaming { actions += checkCaughtUp(now: now) }
@@ -306,10 +309,17 @@ public struct SyncSession: Sendable {
     public var nextDeadline: Double? {
         guard phase != .closed, phase != .notStarted else { return nil }
         var deadlines: [Double] = []
-        if !staged.isEmpty || decoder.bufferedByteCount > 0 || phase == .draining {
+        // Only deadlines whose handler would act: a past deadline that changes nothing (e.g. idle while a
+        // commit is in flight) would make an owner that re-arms its timer spin until the commit finishes.
+        let idleWouldAct =
+            decoder.bufferedByteCount > 0 || (commitInFlight == nil && !staged.isEmpty)
+            || (phase == .draining && afterCommit != .resolveGap)
+        if idleWouldAct {
             deadlines.append(lastDataAt + configuration.idleTimeout)
         }
-        if let since = waitingSince, phase == .streaming {
+        if let since = waitingSince, phase == .streaming, commitInFlight == nil, staged.isEmpty,
+            decoder.bufferedByteCount == 0
+        {
             deadlines.append(since + configuration.responseTimeout)
         }
         return deadlines.min()
@@ -399,11 +409,13 @@ public struct SyncSession: Sendable {
         stagedGap = gap
         stagedCursor = gap.upperBound
         afterCommit = next
-        return commitStaged(acknowledge: true)
+        // The SYNC_REQ that follows names the new cursor; an ACK before it would only open the old window.
+        return commitStaged(acknowledge: false)
     }
 
     private mutating func acknowledge(_ cursor: UInt64, now: Double) -> [SyncAction] {
         statistics.acks += 1
+        lastAcknowledged = cursor
         waitingSince = hasMoreExpected ? now : nil
         return [.sendSyncAck(cursor)]
     }
@@ -419,7 +431,17 @@ public struct SyncSession: Sendable {
         requestAttempts += 1
         waitingSince = now
         lastDataAt = now
-        return [.sendSyncRequest(lastCommitted: committedCursor, window: configuration.window)]
+        var actions: [SyncAction] = [.sendSyncRequest(lastCommitted: committedCursor, window: configuration.window)]
+        // A re-request follows commits that were deliberately not acknowledged (see commitFinished). A
+        // peripheral that counts its window from the last SYNC_ACK only would otherwise never send past it.
+        // The ACK goes AFTER the SYNC_REQ: the request has already moved the replay to cursor + 1, so the
+        // frames the ACK releases continue it in order instead of overtaking it.
+        if statistics.syncRequests > 1, committedCursor > 0, lastAcknowledged != committedCursor {
+            statistics.acks += 1
+            lastAcknowledged = committedCursor
+            actions.append(.sendSyncAck(committedCursor))
+        }
+        return actions
     }
 
     private mutating func handleIdle(now: Double) -> [SyncAction] {
@@ -435,7 +457,7 @@ public struct SyncSession: Sendable {
                 afterCommit = .resolveGap
             } else if !staged.isEmpty {
                 afterCommit = .resolveGap
-                actions += commitStaged(acknowledge: true)
+                actions += commitStaged(acknowledge: false)
             } else {
                 actions += startGapResolution(now: now)
             }
@@ -521,7 +543,15 @@ public struct SyncSession: Sendable {
     }
 
     private mutating func caughtUpActions() -> [SyncAction] {
-        var actions: [SyncAction] = [.caughtUp(cursor: committedCursor)]
+        var actions: [SyncAction] = []
+        // PROTOCOL §4 step 7: a final SYNC_ACK. Needed when this session acknowledged nothing yet (the last
+        // session's frames were committed without ACK when its link dropped; no STREAM_INFO; a gap commit).
+        if lastAcknowledged != committedCursor {
+            statistics.acks += 1
+            lastAcknowledged = committedCursor
+            actions.append(.sendSyncAck(committedCursor))
+        }
+        actions.append(.caughtUp(cursor: committedCursor))
         if !configuration.stayConnected {
             actions += close(.caughtUp)
         }

@@ -32,6 +32,10 @@ struct SessionRecord: CustomStringConvertible {
     var outcome: SessionDriver.Outcome
     var summary: SyncSummary
     var acksSent: [UInt64]
+    /// CONTROL frames that reached the peripheral.
+    var control: [Frame]
+    /// The ACK that was about to be written when the process "crashed".
+    var crashedBeforeAck: UInt64?
 
     var caughtUp: Bool { outcome.ending == .finished && summary.disconnectReason == "caughtUp" }
 
@@ -75,7 +79,7 @@ final class Gateway {
         let transport = SimulatedTransport(connectingTo: peripheral, now: clock.now())
         let runner = SyncSessionRunner(
             peripheral: address, store: store, transport: transport, configuration: configuration, clock: clock)
-        var crashedHere = false
+        var crashedHere: UInt64?
         let crashCopy = directory.path("crash-\(crashes).sqlite")
         transport.controlHook = { [unowned self, unowned runner] frame in
             guard frame.type == .syncAck else { return .deliver }
@@ -83,14 +87,16 @@ final class Gateway {
             guard let crashBeforeAck, crashBeforeAck(frame.seq) else { return .deliver }
             // Snapshot the files at the instant of the crash: later work of the abandoned runner must not
             // reach the database the "restarted process" opens.
-            crashedHere = true
+            crashedHere = frame.seq
             self.snapshotDatabase(to: crashCopy)
             return .crash
         }
         let outcome = await SessionDriver.run(runner: runner, transport: transport, clock: clock, limits: limits)
-        let record = SessionRecord(outcome: outcome, summary: runner.summary, acksSent: runner.acksSent)
+        let record = SessionRecord(
+            outcome: outcome, summary: runner.summary, acksSent: runner.acksSent,
+            control: transport.controlFramesWritten, crashedBeforeAck: crashedHere)
         sessions.append(record)
-        if crashedHere {
+        if crashedHere != nil {
             crashes += 1
             try restart(from: crashCopy)
         }
