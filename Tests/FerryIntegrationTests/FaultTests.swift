@@ -39,6 +39,9 @@ struct FaultTests {
         #expect(peripheral.statistics.notificationsDropped > 0 && peripheral.statistics.bitsFlipped > 0)
         #expect(peripheral.statistics.junkInjected > 0 && peripheral.statistics.duplicatesSent > 0)
         #expect(peripheral.statistics.requestsIgnored > 0)
+        peripheral.faults = .none
+        let again = try await gateway.session(with: peripheral)
+        #expect(again.caughtUp && again.summary.framesStored == 0, "a second sync transfers nothing: \(again)")
         print("hostile(\(seed), \(notificationSize)): \(sessions) sessions, \(peripheral.statistics)")
     }
 

@@ -130,9 +130,11 @@ final class Gateway {
             return
         }
         do {
-            let cursor = try observer.streams().first {
-                $0.peripheral == stream.peripheral.string && $0.epoch == String(stream.epoch)
-            }?.cursor ?? 0
+            // Straight from the cursor table: streams() counts frames, which would make this check O(n²).
+            let cursor = try observer.database.integer(
+                "SELECT cursor FROM stream_cursors WHERE peripheral = ? AND epoch = ?",
+                [.text(stream.peripheral.string), .text(String(stream.epoch))]
+            ).map { UInt64(bitPattern: $0) } ?? 0
             if ack > cursor {
                 uncommittedAcks.append("SYNC_ACK(\(ack)) while another connection saw cursor \(cursor)")
             }
