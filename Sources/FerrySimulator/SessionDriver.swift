@@ -97,3 +97,31 @@ public enum SessionDriver {
         }
     }
 }
+
+extension SessionDriver {
+    /// One session's result in `syncUntilCaughtUp`.
+    public struct SessionResult: Sendable {
+        public var outcome: Outcome
+        public var summary: SyncSummary
+    }
+
+    /// Sessions (a fresh transport and runner each, `backoff` simulated seconds apart) until one ends caught
+    /// up with the store's cursor at the peripheral's head, or `maxSessions` ran. For demos and benchmarks:
+    /// the stop criterion uses the simulator's ground truth, which a real gateway does not have.
+    public static func syncUntilCaughtUp(
+        _ peripheral: SimulatedPeripheral, clock: ManualClock, limits: Limits = Limits(), maxSessions: Int = 1_000,
+        backoff: Double = 5, makeRunner: (SimulatedTransport) -> SyncSessionRunner
+    ) async -> [SessionResult] {
+        var results: [SessionResult] = []
+        for _ in 0..<maxSessions {
+            let transport = SimulatedTransport(connectingTo: peripheral, now: clock.now())
+            let runner = makeRunner(transport)
+            let outcome = await run(runner: runner, transport: transport, clock: clock, limits: limits)
+            results.append(SessionResult(outcome: outcome, summary: runner.summary))
+            if outcome.ending == .stepCapReached { break }
+            if runner.summary.disconnectReason == "caughtUp" && runner.summary.cursor == peripheral.head { break }
+            clock.advance(by: backoff)
+        }
+        return results
+    }
+}

@@ -30,3 +30,21 @@ struct SessionTests {
         _ = try expectConsistent(gateway, peripheral)
     }
 }
+
+@Test("SessionDriver.syncUntilCaughtUp (the CLI/benchmark helper) reaches the head through faults")
+func driverHelperCatchesUp() async throws {
+    let dir = try TemporaryDirectory("helper")
+    defer { dir.remove() }
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: hostileLink(), seed: 91)
+    try peripheral.record(count: 3_000)
+    let store = try GatewayStore(path: dir.path("g.sqlite"))
+    let clock = ManualClock()
+    let address = PeripheralAddress("C0:FF:EE:00:00:02")!
+    let results = await SessionDriver.syncUntilCaughtUp(peripheral, clock: clock) { transport in
+        SyncSessionRunner(peripheral: address, store: store, transport: transport, clock: clock)
+    }
+    #expect(results.last?.summary.disconnectReason == "caughtUp")
+    #expect(results.reduce(0) { $0 + $1.summary.framesStored } == 3_000)
+    #expect(try store.frames(of: StreamKey(peripheral: address, epoch: peripheral.epoch)).count == 3_000)
+    #expect(peripheral.violations.isEmpty)
+}
