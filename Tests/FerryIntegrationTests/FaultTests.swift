@@ -64,3 +64,21 @@ struct FaultTests {
         print("no STREAM_INFO: \(sessions) sessions, gaps \(ledger.gapSeqs), \(peripheral.statistics)")
     }
 }
+
+@Test("a silent peripheral gets 3 SYNC_REQs, then the gateway disconnects; the next session catches up")
+func silentPeripheral() async throws {
+    let dir = try TemporaryDirectory("silent")
+    defer { dir.remove() }
+    var silent = SimulatedPeripheral.Faults()
+    silent.ignoreRequest = 1
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: silent, seed: 95)
+    try peripheral.record(count: 500)
+    let gateway = try Gateway(directory: dir)
+    let first = try await gateway.session(with: peripheral)
+    #expect(first.summary.disconnectReason == "noResponse")
+    #expect(first.control.map(\.type) == [.syncRequest, .syncRequest, .syncRequest])
+    #expect(peripheral.statistics.requestsIgnored == 3)
+    peripheral.faults = .none
+    try await gateway.syncUntilCaughtUp(peripheral)
+    _ = try expectConsistent(gateway, peripheral)
+}
