@@ -102,11 +102,12 @@ public struct SyncSession: Sendable {
     /// A gap to commit in front of `staged` (decided by the first DATA after a re-request).
     private var stagedGap: ClosedRange<UInt64>?
     private var commitInFlight: CommitBatch?
+    /// Consecutive re-requested replays whose first DATA skipped past the cursor again.
+    private var replaysSkippingGap = 0
     private var afterCommit: AfterCommit = .nothing
     /// Set after a gap re-request: the first DATA decides whether the loss was in transit or is real.
     private var awaitingReplayDecision = false
-    /// Consecutive re-requested replays whose first DATA skipped past the cursor again.
-    private var replaysSkippingGap = 0
+    /// When DATA bytes last arrived (or a SYNC_REQ went out): the reference for every idle decision.
     private var lastDataAt: Double = 0
     /// When the last SYNC_REQ or SYNC_ACK went out while more DATA was expected (nil: not waiting).
     private var waitingSince: Double?
@@ -190,6 +191,13 @@ public struct SyncSession: Sendable {
             // The peripheral already lost events we never received: record the gap first, then ask from it.
             return actions + commitGap(gap, then: .requestFromCursor)
         }
+        if cursor > 0 {
+            // Acknowledge the stored cursor first: frames the last session committed without an ACK (its
+            // link dropped) are still counted against the peripheral's window, and a peripheral that
+            // measures the window from its last ACK would otherwise never send past it. The cursor came
+            // from the store, so this names nothing uncommitted.
+            actions += acknowledge(cursor, now: now)
+        }
         actions += sendRequest(now: now)
         if let head = knownHead, head <= cursor {
             // Nothing to replay: the final SYNC_ACK (from caughtUpActions) names what is already stored.
@@ -203,6 +211,9 @@ public struct SyncSession: Sendable {
     /// A chunk of the DATA byte stream (one notification, or one read from the AcquireNotify fd).
     public mutating func bytesReceived(_ bytes: [UInt8], now: Double) -> [SyncAction] {
         guard phase != .closed, phase != .notStarted, !stopping else { return [] }
+        // Idle means no BYTES: a big frame on a small-MTU link spans many notifications and may take longer
+        // than the idle timeout; keying idle on whole frames would "resolve a stall" in the middle of it.
+        if !bytes.isEmpty { lastDataAt = now }
         var actions: [SyncAction] = []
         var frames: [Frame] = []
         decoder.feed(bytes) { frames.append($0) }
@@ -247,7 +258,11 @@ public struct SyncSession: Sendable {
             if let head = knownHead, committedCursor >= head {
                 actions += checkCaughtUp(now: now)
             } else {
+                // SYNC_REQ first, THEN the ACK of the recorded gap: a peripheral that measures its window
+                // from the last ACK cannot send past a gap longer than the window without it, and once the
+                // SYNC_REQ has reset its replay the opened window cannot release old-replay frames.
                 actions += sendRequest(now: now)
+                actions += acknowledge(committedCursor, now: now)
             }
         case .disconnect(let reason):
             actions += close(reason)
@@ -431,17 +446,7 @@ public struct SyncSession: Sendable {
         requestAttempts += 1
         waitingSince = now
         lastDataAt = now
-        var actions: [SyncAction] = [.sendSyncRequest(lastCommitted: committedCursor, window: configuration.window)]
-        // A re-request follows commits that were deliberately not acknowledged (see commitFinished). A
-        // peripheral that counts its window from the last SYNC_ACK only would otherwise never send past it.
-        // The ACK goes AFTER the SYNC_REQ: the request has already moved the replay to cursor + 1, so the
-        // frames the ACK releases continue it in order instead of overtaking it.
-        if statistics.syncRequests > 1, committedCursor > 0, lastAcknowledged != committedCursor {
-            statistics.acks += 1
-            lastAcknowledged = committedCursor
-            actions.append(.sendSyncAck(committedCursor))
-        }
-        return actions
+        return [.sendSyncRequest(lastCommitted: committedCursor, window: configuration.window)]
     }
 
     private mutating func handleIdle(now: Double) -> [SyncAction] {
@@ -480,7 +485,16 @@ public struct SyncSession: Sendable {
         phase = .streaming
         awaitingReplayDecision = true
         requestAttempts = 0
-        return sendRequest(now: now)
+        return sendRequest(now: now) + acknowledgePendingAfterRequest(now: now)
+    }
+
+    /// The commits ahead of a gap re-request were not acknowledged (see commitFinished). A peripheral that
+    /// counts its window from the last SYNC_ACK only would never send past them, so the cursor is
+    /// acknowledged right AFTER the SYNC_REQ: the request has already moved the replay to cursor + 1, and
+    /// the frames the ACK releases continue it in order instead of overtaking it.
+    private mutating func acknowledgePendingAfterRequest(now: Double) -> [SyncAction] {
+        guard committedCursor > 0, lastAcknowledged != committedCursor else { return [] }
+        return acknowledge(committedCursor, now: now)
     }
 
     private mutating func resolveGap(with info: StreamInfo, now: Double) -> [SyncAction] {
@@ -501,7 +515,7 @@ public struct SyncSession: Sendable {
         phase = .streaming
         awaitingReplayDecision = true
         requestAttempts = 0
-        return sendRequest(now: now)
+        return sendRequest(now: now) + acknowledgePendingAfterRequest(now: now)
     }
 
     /// With STREAM_INFO: the events the peripheral no longer holds but we never received.

@@ -34,6 +34,8 @@ struct SessionRecord: CustomStringConvertible {
     var acksSent: [UInt64]
     /// CONTROL frames that reached the peripheral.
     var control: [Frame]
+    /// CONTROL frames the gateway tried to write (including the one a crash swallowed).
+    var attemptedControl: [Frame]
     /// The ACK that was about to be written when the process "crashed".
     var crashedBeforeAck: UInt64?
 
@@ -81,7 +83,9 @@ final class Gateway {
             peripheral: address, store: store, transport: transport, configuration: configuration, clock: clock)
         var crashedHere: UInt64?
         let crashCopy = directory.path("crash-\(crashes).sqlite")
+        var attempted: [Frame] = []
         transport.controlHook = { [unowned self, unowned runner] frame in
+            attempted.append(frame)
             guard frame.type == .syncAck else { return .deliver }
             self.checkCommitted(ack: frame.seq, stream: runner.stream?.key)
             guard let crashBeforeAck, crashBeforeAck(frame.seq) else { return .deliver }
@@ -94,7 +98,7 @@ final class Gateway {
         let outcome = await SessionDriver.run(runner: runner, transport: transport, clock: clock, limits: limits)
         let record = SessionRecord(
             outcome: outcome, summary: runner.summary, acksSent: runner.acksSent,
-            control: transport.controlFramesWritten, crashedBeforeAck: crashedHere)
+            control: transport.controlFramesWritten, attemptedControl: attempted, crashedBeforeAck: crashedHere)
         sessions.append(record)
         if crashedHere != nil {
             crashes += 1
