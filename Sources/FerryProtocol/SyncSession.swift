@@ -485,16 +485,7 @@ public struct SyncSession: Sendable {
         phase = .streaming
         awaitingReplayDecision = true
         requestAttempts = 0
-        return sendRequest(now: now) + acknowledgePendingAfterRequest(now: now)
-    }
-
-    /// The commits ahead of a gap re-request were not acknowledged (see commitFinished). A peripheral that
-    /// counts its window from the last SYNC_ACK only would never send past them, so the cursor is
-    /// acknowledged right AFTER the SYNC_REQ: the request has already moved the replay to cursor + 1, and
-    /// the frames the ACK releases continue it in order instead of overtaking it.
-    private mutating func acknowledgePendingAfterRequest(now: Double) -> [SyncAction] {
-        guard committedCursor > 0, lastAcknowledged != committedCursor else { return [] }
-        return acknowledge(committedCursor, now: now)
+        return sendRequest(now: now)
     }
 
     private mutating func resolveGap(with info: StreamInfo, now: Double) -> [SyncAction] {
@@ -515,7 +506,7 @@ public struct SyncSession: Sendable {
         phase = .streaming
         awaitingReplayDecision = true
         requestAttempts = 0
-        return sendRequest(now: now) + acknowledgePendingAfterRequest(now: now)
+        return sendRequest(now: now)
     }
 
     /// With STREAM_INFO: the events the peripheral no longer holds but we never received.
