@@ -1,3 +1,4 @@
+import Testing
 @testable import FerryProtocol
 
 /// SplitMix64: a tiny seeded generator so every randomized test replays exactly from its seed.
@@ -77,4 +78,9 @@ func randomFrame<R: RandomNumberGenerator>(using rng: inout R, maxPayload: Int =
         }
     let payload = rng.bytes(Int.random(in: 0...maxPayload, using: &rng))
     return Frame(type: types.randomElement(using: &rng)!, seq: seq, payload: payload)
+}
+
+/// Short failure messages: a frame prints as "DATA#7(5B)", not as its whole payload.
+extension Frame: @retroactive CustomTestStringConvertible {
+    public var testDescription: String { "\(type)#\(seq)(\(payload.count)B)" }
 }
