@@ -81,6 +81,6 @@ func randomFrame<R: RandomNumberGenerator>(using rng: inout R, maxPayload: Int =
 }
 
 /// Short failure messages: a frame prints as "DATA#7(5B)", not as its whole payload.
-extension Frame: @retroactive CustomTestStringConvertible {
+extension Frame: CustomTestStringConvertible {
     public var testDescription: String { "\(type)#\(seq)(\(payload.count)B)" }
 }
