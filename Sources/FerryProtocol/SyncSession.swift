@@ -256,7 +256,11 @@ public struct SyncSession: Sendable {
             if let head = knownHead, committedCursor >= head {
                 actions += checkCaughtUp(now: now)
             } else {
+                // SYNC_REQ first, THEN the ACK of the recorded gap: a peripheral that measures its window
+                // from the last ACK cannot send past a gap longer than the window without it, and once the
+                // SYNC_REQ has reset its replay the opened window cannot release old-replay frames.
                 actions += sendRequest(now: now)
+                actions += acknowledge(committedCursor, now: now)
             }
         case .disconnect(let reason):
             actions += close(reason)
