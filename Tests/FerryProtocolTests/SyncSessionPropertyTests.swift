@@ -10,7 +10,7 @@ import Testing
     static var seeds: [UInt64] {
         let env = ProcessInfo.processInfo.environment
         if let one = env["FERRY_SYNC_PROPERTY_SEED"].flatMap(UInt64.init) { return [one] }
-        let runs = env["FERRY_SYNC_PROPERTY_RUNS"].flatMap(UInt64.init) ?? 80
+        let runs = env["FERRY_SYNC_PROPERTY_RUNS"].flatMap(UInt64.init) ?? 60
         return Array(1...max(1, runs))
     }
 
@@ -59,7 +59,7 @@ import Testing
 
     /// Heavy transit loss only (nothing lost on the peripheral): every event arrives, never a GAP.
     @Test(arguments: [true, false]) func transitLossNeverBecomesAGap(hasStreamInfo: Bool) {
-        for seed: UInt64 in 1...25 {
+        for seed: UInt64 in 1...15 {
             var config = SyncWorld.Config(seed: seed)
             config.events = 300
             config.hasStreamInfo = hasStreamInfo
@@ -77,7 +77,7 @@ import Testing
 
     /// Real losses on the peripheral: each becomes a GAP, and nothing else does.
     @Test(arguments: [true, false]) func peripheralLossBecomesExactlyTheGap(hasStreamInfo: Bool) {
-        for seed: UInt64 in 1...25 {
+        for seed: UInt64 in 1...15 {
             var config = SyncWorld.Config(seed: seed)
             config.events = 300
             config.hasStreamInfo = hasStreamInfo
