@@ -16,7 +16,7 @@ import Testing
 
     @Test func randomWorldsKeepTheDurabilityRuleAndCoverEveryEventOnce() {
         var failed: [String] = []
-        var totals = (sessions: 0, acks: 0, gaps: 0, spurious: 0, events: UInt64(0), commits: 0)
+        var totals = (sessions: 0, acks: 0, gaps: 0, spurious: 0, race: 0, events: UInt64(0))
         for seed in Self.seeds {
             let world = SyncWorld(.random(seed: seed))
             if ProcessInfo.processInfo.environment["FERRY_SYNC_TRACE"] != nil { world.trace = [] }
@@ -30,6 +30,7 @@ import Testing
             totals.acks += world.acks.count
             totals.gaps += world.gaps.count
             totals.spurious += world.spuriousGaps.count
+            totals.race += world.raceGaps.count
             totals.events += world.pHead
         }
         let report = "\(failed.count) of \(Self.seeds.count) worlds failed:\n" + failed.prefix(8).joined(separator: "\n")
@@ -39,7 +40,8 @@ import Testing
             #expect(totals.sessions > Self.seeds.count && totals.acks > 100 && totals.gaps > 0)
         }
         print("sync property: \(Self.seeds.count) worlds, \(totals.events) events, \(totals.sessions) sessions, "
-            + "\(totals.acks) acks, \(totals.gaps) gaps (\(totals.spurious) from first-frame-after-request loss)")
+            + "\(totals.acks) acks, \(totals.gaps) gaps; over events the peripheral still had: \(totals.spurious) "
+            + "(first frame after a re-request lost), \(totals.race) (decided by a frame sent before the re-request)")
     }
 
     /// A clean link, no faults: no gap ever, one session, cursor == head.
