@@ -25,7 +25,7 @@ final class SyncWorld {
         var noiseRate = 0.0
         /// Per sent frame: the peripheral's buffer overflows and it loses 1–5 unacknowledged events.
         var pruneRate = 0.0
-        /// Per delivered chunk: the link drops.
+        /// Per delivered frame: the link drops.
         var disconnectRate = 0.0
         /// Per SYNC_REQ: the peripheral ignores it.
         var silenceRate = 0.0
@@ -202,7 +202,9 @@ final class SyncWorld {
             execute(actions)
         case .deliver(let l, let bytes, let completes):
             guard linkUp, l == link else { return }
-            if rng.chance(config.disconnectRate) {
+            // Rolled once per frame (on its last chunk), not per chunk: with 1-byte chunks a per-chunk rate
+            // would model a link that never carries a whole window, where no session can make progress.
+            if completes != nil && rng.chance(config.disconnectRate) {
                 dropLink()
                 return
             }
