@@ -8,7 +8,8 @@ it received intact and in order, and writes $FERRY_TESTBED_RESULTS/sync-client.j
 
   scripts/testbed run --peripherals 2 --events 2000 -- /usr/bin/python3 scripts/testbed.d/sync_client.py
 
-Options: --window N (20), --ack-every N (20), --idle S (0.25), --budget S (per peripheral, 300).
+Options: --window N (20), --ack-every N (20), --idle S (0.25), --budget S (per peripheral, 300),
+--naive (a deliberately buggy gateway that skips gaps), --allow-violations.
 Exit 0 when every peripheral was drained to its head and recorded no violations.
 """
 
@@ -55,6 +56,7 @@ def drain(bz: Bluez, address: str, args, stats: dict) -> None:
                 cursor = head  # recorded; continue with what follows rather than drop it
             epoch = info_epoch
             link.subscribe()
+            stats["cursor"] = cursor
             cursor = sync_session(link, cursor, args, stats)
             _, _, _, oldest, head = link.stream_info()
             if cursor >= head:
@@ -62,6 +64,7 @@ def drain(bz: Bluez, address: str, args, stats: dict) -> None:
                 return
         except (LinkLost, ProbeAbort, dbus.DBusException, OSError) as e:
             stats["link_losses"] += 1
+            cursor = stats["cursor"]
             print(f"{address}: link lost/failed ({type(e).__name__}: {e}); cursor {cursor}", flush=True)
             time.sleep(1.0)
         finally:
@@ -99,12 +102,20 @@ def sync_session(link: SyncLink, cursor: int, args, stats: dict) -> int:
                 stats["duplicates"] += 1
             elif f.seq == cursor + 1 and not in_gap:
                 cursor += 1
+                stats["cursor"] = cursor  # survives a link loss mid-session
                 staged += 1
                 stats["received"] += 1
                 if staged >= args.ack_every:
                     link.write(sp.sync_ack(cursor), with_response=False)
                     stats["acks"] += 1
                     staged = 0
+            elif args.naive:
+                # A deliberately wrong gateway: takes a gap as "the replay skipped" and moves on.
+                # The peripheral must flag its next ACK (ack_of_unreceived).
+                cursor = f.seq
+                stats["cursor"] = cursor
+                staged += 1
+                stats["received"] += 1
             else:
                 if not in_gap:
                     stats["gaps_seen"] += 1
@@ -124,6 +135,7 @@ def sync_session(link: SyncLink, cursor: int, args, stats: dict) -> int:
         if oldest > cursor + 1:
             stats["gaps_recorded"].append([cursor + 1, oldest - 1])
             cursor = oldest - 1
+            stats["cursor"] = cursor
         if not got_since_req:
             silent_requests += 1
             stats["silent_requests"] += 1
@@ -146,6 +158,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=300.0)
     ap.add_argument("--max-connects", type=int, default=20)
     ap.add_argument("--allow-violations", action="store_true")
+    ap.add_argument("--naive", action="store_true",
+                    help="act as a buggy gateway that skips gaps (to prove the peripheral flags it)")
     args = ap.parse_args()
     peripherals = os.environ.get("FERRY_TESTBED_PERIPHERALS", "").split()
     results = os.environ.get("FERRY_TESTBED_RESULTS", ".")
