@@ -242,6 +242,43 @@ def probe_peripheral(bz: Bluez, address: str, events: int, payload_bytes: int, n
         link.close()
 
 
+def control(line: str) -> None:
+    with open(os.environ["FERRY_TESTBED_CONTROL"], "w") as f:
+        f.write(line + "\n")
+
+
+def probe_restart(bz: Bluez, address: str, events: int, payload_bytes: int) -> None:
+    """Live events and a peripheral reboot: the store (epoch, head, deletions) must survive."""
+    link = SyncLink(bz, address)
+    link.connect()
+    try:
+        _, _, epoch, _, _ = link.stream_info()
+        control(f"add {address} 10")
+        grown = wait_for(lambda: link.stream_info()[3:] == (events + 1, events + 10), 10, 0.2)
+        check(bool(grown), f"{address}: control 'add 10' -> oldest {events + 1} head {events + 10}")
+        control(f"restart {address}")
+        dropped = wait_for(lambda: not bool(bz.prop(link.path, "org.bluez.Device1", "Connected")), 15, 0.2)
+        check(bool(dropped), f"{address}: control 'restart' dropped the link")
+    finally:
+        link.close()
+    link = SyncLink(bz, address)
+    link.connect()
+    try:
+        _, _, epoch2, oldest, head = link.stream_info()
+        check((epoch2, oldest, head) == (epoch, events + 1, events + 10),
+              f"{address}: after restart the store survived: same epoch, oldest {events + 1}, head {events + 10} "
+              f"(got {epoch2 == epoch}, {oldest}, {head})")
+        link.subscribe()
+        link.write(sp.sync_req(events, 20), with_response=True)
+        got = link.frames(idle=1.5)
+        check(seqs(got) == list(range(events + 1, events + 11)),
+              f"{address}: after restart SYNC_REQ({events}) -> {events + 1}..{events + 10} (got {seqs(got)})")
+        check_payloads(address, got, epoch, payload_bytes)
+        link.write(sp.sync_ack(events + 10), with_response=True)
+    finally:
+        link.close()
+
+
 def peripheral_stats(results: str, address: str) -> dict:
     path = os.path.join(results, f"peripheral-{address}.json")
     with open(path) as f:
@@ -281,8 +318,11 @@ def main() -> int:
                             f"in {report['timings']['discovery s']} s")
         for i, address in enumerate(peripherals):
             negative = i == len(peripherals) - 1
+            restart = i == 0
             try:
                 probe_peripheral(bz, address, events, payload_bytes, negative)
+                if restart:
+                    probe_restart(bz, address, events, payload_bytes)
             except ProbeAbort:
                 pass
             time.sleep(1.0)  # final stats are written every 0.5 s
@@ -293,8 +333,9 @@ def main() -> int:
                       f"{address}: the peripheral flagged the probe's deliberate violations (got {kinds})")
             else:
                 check(stats["violations"] == 0, f"{address}: no protocol violations recorded (got {kinds})")
-            expected_highest = events + 100 if negative else events
-            check(stats["deleted"] == events and stats["highest_ack"] == expected_highest,
+            expected_deleted = events + 10 if restart else events
+            expected_highest = events + 100 if negative else expected_deleted
+            check(stats["deleted"] == expected_deleted and stats["highest_ack"] == expected_highest,
                   f"{address}: peripheral stats: deleted {stats['deleted']}, highest ack {stats['highest_ack']}")
     except ProbeAbort:
         pass
