@@ -93,8 +93,8 @@ done
 mark adapter-powered-peripherals-advertising
 
 # --- the user's command
-export FERRY_TESTBED_PERIPHERALS="$(cat "$RESULTS/peripherals.ready")"
-FERRY_TESTBED_PERIPHERALS="${FERRY_TESTBED_PERIPHERALS%$'\n'}"
+FERRY_TESTBED_PERIPHERALS="$(cat "$RESULTS/peripherals.ready")"
+export FERRY_TESTBED_PERIPHERALS
 export FERRY_TESTBED_ADAPTER=hci0
 export FERRY_TESTBED_RESULTS="$RESULTS"
 export FERRY_TESTBED_SCRATCH="$SCRATCH"
