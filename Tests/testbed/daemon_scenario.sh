@@ -10,13 +10,13 @@
 #      restarted under the running daemon (it must recover without a restart of its own)
 #   C  final: every event exactly once in the backend with the peripheral's bytes, outbox all COMPLETED,
 #      the stranger never connected, 0 protocol violations.
-# MODE heavy: the same with more kills and a larger batch.
+# MODE heavy: the same with more kills and a larger batch. Second argument: the ferry binary (default debug).
 #
 # Each check prints 'PASS name' or 'FAIL name: why' to stdout and to $FERRY_TESTBED_RESULTS/daemon-checks.txt.
 set -uo pipefail
 
 MODE="${1:-ci}"
-FERRY="${FERRY_BIN:-.build/debug/ferry}"
+FERRY="${2:-.build/debug/ferry}"
 BACKEND=scripts/backend/ferry-backend
 CHECK="/usr/bin/python3 Tests/testbed/daemon_check.py"
 R="$FERRY_TESTBED_RESULTS"
