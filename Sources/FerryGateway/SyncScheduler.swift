@@ -6,7 +6,7 @@ import FerryProtocol
 ///
 /// Policy (why in brackets):
 /// - A peripheral is *due* when it is not in a session, not backing off, and either it was never synced
-///   since the daemon started, its last session left a known backlog (it ended before catching up), or
+///   since the daemon started, its last session did not catch up (failed, or ended early with a backlog), or
 ///   `syncInterval` has passed since its last session ended [backlog grows while we are away; age bounds how
 ///   stale the backend can get].
 /// - Among due peripherals: never synced first, then the largest known backlog (STREAM_INFO head − cursor),
@@ -46,6 +46,9 @@ public struct SyncScheduler: Sendable {
         public var lastSessionEnd: Double?
         /// head − cursor as of the last session's end; nil when unknown.
         public var backlog: UInt64?
+        /// The last session did not catch up (failed, or interrupted with a backlog or an unknown one): due
+        /// again as soon as its backoff ends, not only after `syncInterval`.
+        public var needsSync = true
         public var consecutiveFailures = 0
         /// Not started before this time (backoff).
         public var notBefore: Double = 0
@@ -80,8 +83,7 @@ public struct SyncScheduler: Sendable {
 
     public func isDue(_ state: PeripheralState, now: Double) -> Bool {
         guard !state.inSession, now >= state.notBefore else { return false }
-        guard let last = state.lastSessionEnd else { return true }
-        if let backlog = state.backlog, backlog > 0 { return true }
+        guard let last = state.lastSessionEnd, !state.needsSync else { return true }
         return now - last >= configuration.syncInterval
     }
 
@@ -118,14 +120,17 @@ public struct SyncScheduler: Sendable {
         switch outcome {
         case .caughtUp:
             state.backlog = 0
+            state.needsSync = false
             state.consecutiveFailures = 0
             state.notBefore = now
         case .interrupted(let backlog):
             state.backlog = backlog
+            state.needsSync = backlog != 0
             state.consecutiveFailures = 0
             // A short pause: an interrupted session (e.g. backpressure) must not be restarted in a tight loop.
             state.notBefore = now + configuration.backoffBase
         case .failed:
+            state.needsSync = true
             state.consecutiveFailures += 1
             state.notBefore = now + backoff(afterFailures: state.consecutiveFailures)
         }
@@ -144,7 +149,7 @@ public struct SyncScheduler: Sendable {
         var earliest: Double?
         for state in peripherals.values where !state.inSession {
             var at = state.notBefore
-            if let last = state.lastSessionEnd, (state.backlog ?? 0) == 0 {
+            if let last = state.lastSessionEnd, !state.needsSync {
                 at = max(at, last + configuration.syncInterval)
             }
             earliest = min(earliest ?? at, at)

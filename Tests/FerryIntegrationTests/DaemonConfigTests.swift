@@ -113,7 +113,7 @@ import Testing
         chmod(open, 0o755)
         #expect(throws: ConfigError.self) { try StateDirectory.prepare(open) }
         let file = base + "/file"
-        FileManager.default.createFile(atPath: file, contents: Data())
+        _ = FileManager.default.createFile(atPath: file, contents: Data())
         #expect(throws: ConfigError.self) { try StateDirectory.prepare(file) }
     }
 }

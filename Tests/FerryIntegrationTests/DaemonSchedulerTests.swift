@@ -115,6 +115,20 @@ import Testing
         #expect(s.due(now: 2) == [b])
     }
 
+    @Test func aFailedPeripheralIsRetriedAfterItsBackoffNotAfterTheSyncInterval() {
+        var s = scheduler(interval: 600)
+        s.setCandidates([a])
+        s.started(a, now: 0)
+        s.finished(a, outcome: .caughtUp, now: 1)
+        s.started(a, now: 601)
+        s.finished(a, outcome: .failed, now: 602)
+        #expect(s.due(now: 603.9).isEmpty)
+        #expect(s.due(now: 604) == [a])  // 2 s backoff, not 600 s
+        s.started(a, now: 604)
+        s.finished(a, outcome: .interrupted(backlog: nil), now: 605)
+        #expect(s.due(now: 607) == [a])  // unknown backlog: after the short pause
+    }
+
     @Test func nextWakeupIsTheEarliestBackoffOrIntervalEnd() {
         var s = scheduler(interval: 60)
         s.setCandidates([a, b])
