@@ -26,7 +26,7 @@ FIGURES="$R/daemon-figures.json"
 : >"$CHECKS"
 
 KILLS=5
-BATCH=1500
+BATCH=600
 [[ "$MODE" == heavy ]] && { KILLS=12; BATCH=4000; }
 
 pass() { echo "PASS $1" | tee -a "$CHECKS"; }
@@ -102,7 +102,7 @@ done
 pass "B: ferry run SIGKILLed $KILLS times at random moments and restarted"
 
 # SIGTERM mid-transfer: bounded exit, every ACK committed
-add_events 800
+add_events 300
 sleep 4
 T=$(now)
 kill -TERM "$DAEMON_PID"; wait "$DAEMON_PID"; RC=$?
@@ -117,7 +117,7 @@ start_daemon
 
 # bluetoothd restarted under the running daemon
 sleep 3
-add_events 500
+add_events 200
 sleep 2
 BT_PID=$(pidof bluetoothd)
 BEFORE=$(python3 -c "import json,sys; print(sum(json.load(open('$R/peripheral-'+a+'.json'))['connections'] for a in sys.argv[1:]))" "${ALLOWED[@]}")
@@ -139,6 +139,36 @@ if kill -0 "$DAEMON_PID" 2>/dev/null && [[ $B_RC -eq 0 && $AFTER -gt $BEFORE ]];
 else
     fail "bluetoothd restart: same daemon recovered" "alive=$(kill -0 "$DAEMON_PID" 2>/dev/null && echo yes || echo no) rc=$B_RC connections $BEFORE→$AFTER $B_OUT"
 fi
+
+# SIGHUP: drop the last allowed peripheral from the allowlist → it is no longer synced; put it back → drained
+write_config() {  # $1: how many of the allowed peripherals to list (taken from $CONFIG.full)
+    python3 - "$CONFIG" "$1" <<'PY'
+import json, sys
+path, n = sys.argv[1], int(sys.argv[2])
+c = json.load(open(path + ".full"))
+c["peripherals"] = c["peripherals"][:n]
+json.dump(c, open(path, "w"), indent=2)
+PY
+}
+cp "$CONFIG" "$CONFIG.full"
+LAST="${ALLOWED[$((${#ALLOWED[@]} - 1))]}"
+acked() { python3 -c "import json; print(json.load(open('$R/peripheral-$1.json'))['highest_ack'])"; }
+write_config $((${#ALLOWED[@]} - 1))
+kill -HUP "$DAEMON_PID"
+sleep 3
+BEFORE_LAST=$(acked "$LAST"); BEFORE_FIRST=$(acked "${ALLOWED[0]}")
+add_events 20
+sleep 8
+if grep -q "reload: $((${#ALLOWED[@]} - 1)) allowed peripherals" "$DAEMON_LOG" && [[ "$(acked "$LAST")" == "$BEFORE_LAST" ]] \
+    && [[ "$(acked "${ALLOWED[0]}")" -gt "$BEFORE_FIRST" ]]; then
+    pass "SIGHUP: $LAST removed from the allowlist is no longer synced; the others are"
+else
+    fail "SIGHUP reload" "acked $LAST $BEFORE_LAST→$(acked "$LAST"), ${ALLOWED[0]} $BEFORE_FIRST→$(acked "${ALLOWED[0]}"); $(grep reload "$DAEMON_LOG" | tail -2)"
+fi
+cp "$CONFIG.full" "$CONFIG"
+kill -HUP "$DAEMON_PID"
+OUT=$(drained --timeout 120) && pass "SIGHUP: $LAST put back on the allowlist is drained again" \
+    || fail "SIGHUP: put back and drained" "$OUT"
 
 # ================= C: final
 T=$(now)
