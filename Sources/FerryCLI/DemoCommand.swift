@@ -1,4 +1,5 @@
 import FerryProtocol
+import FerrySimulator
 import FerryStore
 
 #if canImport(Glibc)
@@ -30,7 +31,7 @@ enum DemoCommand {
         unlink(dbPath + "-wal")
         unlink(dbPath + "-shm")
 
-        var rng = SplitMix64(seed: seed)
+        var rng = SeededGenerator(seed: seed)  // the same capture on every machine
         let lost = (events / 2)...(events / 2 + 9)  // the peripheral lost these before we got them
         var capture: [UInt8] = []
         var damaged = 0
@@ -69,18 +70,5 @@ enum DemoCommand {
         guard rc == 0 else { return rc }
         output.out("$ ferry status --db \(dbPath)")
         return try StatusCommand.run(["--db", dbPath], output: output)
-    }
-}
-
-/// Small seeded generator so the demo's capture is the same on every machine.
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
     }
 }

@@ -5,10 +5,12 @@ enum StatusCommand {
         Usage: ferry status --db PATH [--json]
 
         Per stream: peripheral, epoch, cursor (last committed seq) and frames staged; outbox event counts per
-        status (PENDING, IN_FLIGHT, COMPLETED, FAILED) and the age of the oldest PENDING event.
+        status (PENDING, IN_FLIGHT, COMPLETED, FAILED), the age of the oldest PENDING event, and the store's size
+        on disk (compare with the gateway's disk budget: over it, peripherals are not acknowledged).
 
         --json prints {"streams":[{"peripheral","epoch","device_epoch","cursor","frames_staged","active"}],
-                       "outbox":{"PENDING","IN_FLIGHT","COMPLETED","FAILED"},"oldest_pending_age_seconds"}
+                       "outbox":{"PENDING","IN_FLIGHT","COMPLETED","FAILED"},"oldest_pending_age_seconds",
+                       "disk_bytes"}
         (epoch and cursor as decimal strings; device_epoch differs from epoch after a counter regression).
         """
 
@@ -20,7 +22,9 @@ enum StatusCommand {
         let streams: [GatewayStore.StreamStatus]
         let counts: [String: Int]
         let oldest: Int64?
+        let diskBytes: Int64
         do {
+            diskBytes = try store.diskBytes()
             streams = try store.streams()
             counts = try store.outboxCounts()
             oldest = try store.oldestPendingCreatedAt()
@@ -45,6 +49,7 @@ enum StatusCommand {
                     ),
                     ("outbox", .object(statuses.map { ($0, .int(counts[$0] ?? 0)) })),
                     ("oldest_pending_age_seconds", age.map { .double(($0 * 1000).rounded() / 1000) } ?? .null),
+                    ("disk_bytes", .int(Int(diskBytes))),
                 ]).text)
             return 0
         }
@@ -61,6 +66,7 @@ enum StatusCommand {
         if let age {
             output.out("oldest PENDING event: \(Int(age.rounded())) s old")
         }
+        output.out("store: \(diskBytes) bytes on disk (with WAL)")
         return 0
     }
 

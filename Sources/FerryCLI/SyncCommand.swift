@@ -20,6 +20,8 @@ enum SyncCommand {
           --timeout S        give up after S seconds (default 120); what is committed stays committed
           --window N         frames the peripheral may send beyond the last ACK (default 20)
           --notify MODE      acquire (AcquireNotify, falling back to StartNotify; default) | start (StartNotify)
+          --disk-budget B    stop committing (so stop acknowledging: the peripheral keeps its events) once the
+                             store and its WAL exceed B bytes; the result says so (default: no budget)
           --bus ADDRESS      D-Bus address of the bus bluetoothd is on (default: the system bus)
           --json             print one JSON object: {"address","result","frames_stored","duplicates","gaps",
                              "regressions","corrupt","epoch","cursor","notify_path","mtu","duration_seconds"}
@@ -32,7 +34,7 @@ enum SyncCommand {
     static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
         let args = try ParsedArguments(
             arguments, command: "sync",
-            options: ["--address", "--adapter", "--db", "--timeout", "--window", "--notify", "--bus"],
+            options: ["--address", "--adapter", "--db", "--timeout", "--window", "--notify", "--bus", "--disk-budget"],
             flags: ["--json", "--verbose"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
         let address = try FerryCommandLine.address(try args.required("--address", command: "sync"), option: "--address")
@@ -45,6 +47,8 @@ enum SyncCommand {
         case "start": notify = .startNotify
         case let other: throw UsageError("--notify must be acquire or start, got '\(other)'")
         }
+        let diskBudget: Int64? = args.values["--disk-budget"] == nil
+            ? nil : try args.integer("--disk-budget", Int64.self, default: 0, range: 1...Int64.max)
         let adapterName = args.values["--adapter"]
         let bus = args.values["--bus"]
         let json = args.flags.contains("--json")
@@ -57,7 +61,7 @@ enum SyncCommand {
         let outcome = try AsyncBridge.run(cancelOnSignals: true) {
             try await sync(
                 address: address, adapterName: adapterName, dbPath: dbPath, bus: bus, timeout: timeout,
-                configuration: configuration, notify: notify, log: log)
+                configuration: configuration, notify: notify, diskBudget: diskBudget, log: log)
         }
         let s = outcome.summary
         if json {
@@ -93,7 +97,7 @@ enum SyncCommand {
 
     static func sync(
         address: PeripheralAddress, adapterName: String?, dbPath: String, bus: String?, timeout: Double,
-        configuration: SyncSession.Configuration, notify: GattNotifyMethod, log: any LogSink
+        configuration: SyncSession.Configuration, notify: GattNotifyMethod, diskBudget: Int64?, log: any LogSink
     ) async throws -> Outcome {
         let started = ContinuousClock.now
         let deadline = started + .milliseconds(Int64(timeout * 1000))
@@ -157,7 +161,8 @@ enum SyncCommand {
         let transport = try await BlueZSyncTransport(
             device: device, service: service, events: continuation, preferredNotify: notify, log: log)
         let runner = SyncSessionRunner(
-            peripheral: address, store: store, transport: transport, configuration: configuration, log: log)
+            peripheral: address, store: store, transport: transport, configuration: configuration, log: log,
+            diskBudgetBytes: diskBudget)
         // The overall timeout and Ctrl-C both end the session the graceful way: commit, ACK, disconnect.
         let stopper = Task {
             try? await Task.sleep(for: remaining())

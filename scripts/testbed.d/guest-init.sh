@@ -93,13 +93,14 @@ done
 mark adapter-powered-peripherals-advertising
 
 # --- the user's command
-export FERRY_TESTBED_PERIPHERALS="$(cat "$RESULTS/peripherals.ready")"
-FERRY_TESTBED_PERIPHERALS="${FERRY_TESTBED_PERIPHERALS%$'\n'}"
+FERRY_TESTBED_PERIPHERALS="$(cat "$RESULTS/peripherals.ready")"
+export FERRY_TESTBED_PERIPHERALS
 export FERRY_TESTBED_ADAPTER=hci0
 export FERRY_TESTBED_RESULTS="$RESULTS"
 export FERRY_TESTBED_SCRATCH="$SCRATCH"
 export FERRY_TESTBED_CONTROL="$CONTROL"
 export FERRY_TESTBED_EVENTS="$TB_EVENTS"
+export FERRY_TESTBED_PAYLOAD_BYTES="$TB_PAYLOAD_BYTES"
 export FERRY_TESTBED_DIR="$TB_DIR"
 cd "$TB_CWD" 2>/dev/null || cd /
 echo "testbed guest: running: ${TB_CMD[*]}" >&2

@@ -50,24 +50,36 @@ FAULTS = {
 MAX_VIOLATIONS_LISTED = 200
 
 
-def parse_faults(items: list[str]) -> dict[str, float]:
-    faults: dict[str, float] = {}
+def parse_faults(items: list[str]) -> dict[int, dict[str, float]]:
+    """`[N:]NAME[=VALUE]` -> {peripheral index (0 = all): {name: value}}."""
+    faults: dict[int, dict[str, float]] = {}
     for item in items:
+        target, sep, rest = item.partition(":")
+        if sep and target.isdigit():
+            index, item = int(target), rest
+        else:
+            index = 0
         name, _, value = item.partition("=")
         if name not in FAULTS:
             raise SystemExit(f"unknown fault '{name}'; known: {', '.join(FAULTS)}")
         try:
-            faults[name] = float(value) if value else float(FAULTS[name][0])
+            faults.setdefault(index, {})[name] = float(value) if value else float(FAULTS[name][0])
         except ValueError:
             raise SystemExit(f"fault {name}: value '{value}' is not a number")
     return faults
+
+
+def faults_for(faults: dict[int, dict[str, float]], index: int) -> dict[str, float]:
+    """Faults for all peripherals, overridden by those aimed at this one."""
+    return {**faults.get(0, {}), **faults.get(index, {})}
 
 
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peripherals", type=int, default=1)
     p.add_argument("--events", type=int, default=0, help="events buffered in each store at start")
-    p.add_argument("--fault", action="append", default=[], help="NAME[=VALUE], repeatable; see --list-faults")
+    p.add_argument("--fault", action="append", default=[],
+                   help="[N:]NAME[=VALUE], repeatable; N = only peripheral N (1-based); see --list-faults")
     p.add_argument("--rate", type=float, default=0.0, help="live events per second per peripheral (0: none)")
     p.add_argument("--payload-bytes", type=int, default=20)
     p.add_argument("--notify-rate", type=float, default=250.0,
@@ -578,7 +590,7 @@ async def run(args, faults) -> None:
     link = RoutingLink()
     peripherals: dict[str, SyncPeripheral] = {}
     for i in range(1, args.peripherals + 1):
-        p = SyncPeripheral(i, args, faults, store_dir)
+        p = SyncPeripheral(i, args, faults_for(faults, i), store_dir)
         await p.start(link)
         peripherals[p.address] = p
     # hci0 appears only now, with every peripheral already advertising: the kernel's first

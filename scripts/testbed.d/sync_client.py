@@ -57,8 +57,8 @@ def drain(bz: Bluez, address: str, args, stats: dict) -> None:
             epoch = info_epoch
             link.subscribe()
             stats["cursor"] = cursor
-            cursor = sync_session(link, cursor, args, stats)
-            _, _, _, oldest, head = link.stream_info()
+            # Drain to the head seen at connect: with live events (--rate) the stream never ends.
+            cursor = sync_session(link, cursor, head, deadline, args, stats)
             if cursor >= head:
                 stats["cursor"], stats["head"], stats["epoch"] = cursor, head, str(epoch)
                 return
@@ -76,7 +76,7 @@ def drain(bz: Bluez, address: str, args, stats: dict) -> None:
     stats["error"] = "budget exhausted"
 
 
-def sync_session(link: SyncLink, cursor: int, args, stats: dict) -> int:
+def sync_session(link: SyncLink, cursor: int, target: int, deadline: float, args, stats: dict) -> int:
     staged = 0
     in_gap = False
     silent_requests = 0
@@ -84,6 +84,12 @@ def sync_session(link: SyncLink, cursor: int, args, stats: dict) -> int:
     stats["sync_reqs"] += 1
     got_since_req = False
     while True:
+        if time.monotonic() > deadline:
+            raise LinkLost("time budget exhausted")
+        if cursor >= target and not in_gap:
+            link.write(sp.sync_ack(cursor), with_response=False)  # final ACK
+            stats["acks"] += 1
+            return cursor
         ready, _, _ = select.select([link.fd], [], [], args.idle)
         frames = []
         if ready:
@@ -128,10 +134,6 @@ def sync_session(link: SyncLink, cursor: int, args, stats: dict) -> int:
             stats["acks"] += 1
             staged = 0
         _, _, _, oldest, head = link.stream_info()
-        if cursor >= head and not in_gap:
-            link.write(sp.sync_ack(cursor), with_response=False)  # final ACK
-            stats["acks"] += 1
-            return cursor
         if oldest > cursor + 1:
             stats["gaps_recorded"].append([cursor + 1, oldest - 1])
             cursor = oldest - 1

@@ -1,0 +1,380 @@
+import Testing
+@testable import FerryProtocol
+
+// Scripted SyncSession scenarios (PROTOCOL §4): each test plays the owner by hand with an explicit `now`
+// (times are binary-exact: idle 0.25 s, response 2 s) and checks the exact actions.
+
+func frames(_ seqs: ClosedRange<UInt64>) -> [Frame] { seqs.map { .data(seq: $0, payload: SyncWorld.payload($0)) } }
+func dataBytes(_ seqs: ClosedRange<UInt64>) -> [UInt8] { frames(seqs).flatMap { $0.encoded() } }
+func info(epoch: UInt64 = 7, oldest: UInt64, head: UInt64) -> [UInt8] {
+    StreamInfo(epoch: epoch, oldest: oldest, head: head).encoded()
+}
+func batch(_ expected: UInt64, _ seqs: ClosedRange<UInt64>?, gap: ClosedRange<UInt64>? = nil, ack: Bool = true) -> SyncAction {
+    let f = seqs.map(frames) ?? []
+    return .commit(
+        CommitBatch(expectedCursor: expected, gap: gap, frames: f, newCursor: f.last?.seq ?? gap?.upperBound ?? expected,
+                    acknowledge: ack))
+}
+
+/// A session that has read STREAM_INFO (or not) and loaded `cursor`; returns it with cursorLoaded's actions.
+func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSession.Configuration = .init())
+    -> (SyncSession, [SyncAction])
+{
+    var s = SyncSession(configuration: configuration)
+    if let streamInfo {
+        #expect(s.connected(hasStreamInfo: true, now: 0) == [.readStreamInfo])
+        let epoch = try! StreamInfo(bytes: streamInfo).epoch
+        #expect(s.streamInfoRead(streamInfo, now: 0) == [.loadCursor(epoch: epoch)])
+    } else {
+        #expect(s.connected(hasStreamInfo: false, now: 0) == [.loadCursor(epoch: 0)])
+    }
+    let actions = s.cursorLoaded(cursor, now: 0)
+    return (s, actions)
+}
+
+@Suite struct SyncSessionTests {
+    @Test func happyPathInTwentyFrameWindowsThenIdleCommitThenCaughtUp() {
+        var (s, start) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(start == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.bytesReceived(dataBytes(1...25), now: 1) == [batch(0, 1...20)])
+        #expect(s.commitFinished(cursor: 20, now: 1) == [.sendSyncAck(20)])
+        // 21...45 staged: one commit of 20 at a time, the rest waits.
+        #expect(s.bytesReceived(dataBytes(26...50), now: 2) == [batch(20, 21...40)])
+        #expect(s.commitFinished(cursor: 40, now: 2) == [.sendSyncAck(40)])
+        // The partial window (41...50) is committed only when DATA has been idle for 0.25 s.
+        #expect(s.nextDeadline == 2.25)
+        #expect(s.timerFired(now: 2.125) == [])
+        #expect(s.timerFired(now: 2.25) == [batch(40, 41...50)])
+        #expect(s.commitFinished(cursor: 50, now: 2.5) == [.sendSyncAck(50), .caughtUp(cursor: 50), .disconnect(.caughtUp)])
+        #expect(s.isClosed)
+        #expect(s.nextDeadline == nil)
+        #expect(s.statistics.committedFrames == 50 && s.statistics.acks == 3 && s.statistics.syncRequests == 1)
+    }
+
+    @Test func duplicatesAreDroppedAndCounted() {
+        var (s, start) = startedSession(cursor: 10, streamInfo: info(oldest: 1, head: 30))
+        #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: 20)])
+        #expect(s.bytesReceived(dataBytes(5...15), now: 1) == [])
+        #expect(s.statistics.duplicates == 6)
+        #expect(s.bytesReceived(dataBytes(11...12) + dataBytes(16...16), now: 1) == [])
+        #expect(s.statistics.duplicates == 8)
+        #expect(s.timerFired(now: 1.25) == [batch(10, 11...16)])
+    }
+
+    @Test func inOrderStagingAcrossRandomChunks() {
+        var rng = SeededRNG(seed: 99)
+        var (s, _) = startedSession(cursor: 0, streamInfo: nil)
+        var commits: [CommitBatch] = []
+        for chunk in randomChunks(dataBytes(1...60), maxChunk: 37, using: &rng) {
+            for case .commit(let b) in s.bytesReceived(chunk, now: 1) {
+                commits.append(b)
+                for case .commit(let more) in s.commitFinished(cursor: b.newCursor, now: 1) { commits.append(more) }
+            }
+        }
+        #expect(commits.map(\.frames) == [frames(1...20), frames(21...40), frames(41...60)])
+        #expect(commits.map(\.expectedCursor) == [0, 20, 40])
+    }
+
+    @Test func linkDropCommitsWhatIsStagedWithoutAck() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...7), now: 1) == [])
+        #expect(s.disconnected(now: 1.125) == [batch(0, 1...7, ack: false)])
+        #expect(s.commitFinished(cursor: 7, now: 1.2) == [])
+        #expect(s.isClosed)
+        #expect(s.bytesReceived(dataBytes(8...9), now: 1.3) == [])
+        #expect(s.timerFired(now: 10) == [])
+    }
+
+    @Test func linkDropDuringACommitSuppressesItsAckAndFlushesTheRest() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...25), now: 1) == [batch(0, 1...20)])
+        #expect(s.disconnected(now: 1.125) == [])
+        #expect(s.commitFinished(cursor: 20, now: 1.2) == [batch(20, 21...25, ack: false)])
+        #expect(s.commitFinished(cursor: 25, now: 1.3) == [])
+        #expect(s.isClosed)
+    }
+
+    /// Regression: a link drop while a drain-end commit was in flight used to resume the gap resolution on
+    /// the dead link (readStreamInfo) and leave the closed phase.
+    @Test func linkDropBeforeAPendingGapResolutionEndsTheSession() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
+        #expect(s.bytesReceived(dataBytes(23...25), now: 1) == [])  // gap: drain
+        #expect(s.timerFired(now: 1.25) == [])  // idle while the commit is in flight: resolve after it
+        #expect(s.disconnected(now: 1.375) == [])
+        #expect(s.commitFinished(cursor: 20, now: 1.5) == [])
+        #expect(s.isClosed)
+        #expect(s.nextDeadline == nil)
+    }
+
+    /// Transit loss with STREAM_INFO: drain until idle, commit WITHOUT ack, re-read STREAM_INFO, re-request;
+    /// the replay starts at cursor + 1, so no GAP is recorded.
+    @Test func gapFromTransitLossIsReRequestedNotRecorded() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...5) + dataBytes(8...20), now: 1) == [])
+        #expect(s.statistics.gapsDetected == 1)
+        #expect(s.statistics.droppedWhileDraining == 12)
+        // Frames of the old window still arriving extend the drain.
+        #expect(s.bytesReceived(dataBytes(21...21), now: 1.125) == [])
+        #expect(s.nextDeadline == 1.375)
+        #expect(s.timerFired(now: 1.375) == [batch(0, 1...5, ack: false)])
+        // No SYNC_ACK here: it would open the old window ahead of our re-request.
+        #expect(s.commitFinished(cursor: 5, now: 1.5) == [.readStreamInfo])
+        #expect(s.streamInfoRead(info(oldest: 1, head: 50), now: 1.5) == [.sendSyncRequest(lastCommitted: 5, window: 20)])
+        #expect(s.bytesReceived(dataBytes(6...25), now: 1.75) == [batch(5, 6...25)])
+        #expect(s.commitFinished(cursor: 25, now: 1.75) == [.sendSyncAck(25)])
+        #expect(s.statistics.gapsRecorded == 0)
+    }
+
+    /// Without STREAM_INFO: re-request, and the first DATA after it decides.
+    /// Without STREAM_INFO a GAP is recorded only when three re-requested replays in a row skip past the
+    /// cursor: one lost first notification must not declare events lost (docs/PROTOCOL.md, decisions).
+    @Test func replaySkippingThreeTimesRecordsTheGapInTheSameCommit() {
+        var (s, start) = startedSession(cursor: 0, streamInfo: nil)
+        #expect(start == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.bytesReceived(dataBytes(1...3) + dataBytes(6...8), now: 1) == [])
+        #expect(s.timerFired(now: 1.25) == [batch(0, 1...3, ack: false)])
+        #expect(s.commitFinished(cursor: 3, now: 1.25) == [.sendSyncRequest(lastCommitted: 3, window: 20)])
+        // The first two skipped replays only drain and ask again.
+        #expect(s.bytesReceived(dataBytes(6...8), now: 1.5) == [])
+        #expect(s.timerFired(now: 1.75) == [.sendSyncRequest(lastCommitted: 3, window: 20)])
+        #expect(s.bytesReceived(dataBytes(6...8), now: 2) == [])
+        #expect(s.timerFired(now: 2.25) == [.sendSyncRequest(lastCommitted: 3, window: 20)])
+        #expect(s.statistics.gapsRecorded == 0)
+        // The third one is proof: the GAP goes into the same commit as the frames after it.
+        #expect(s.bytesReceived(dataBytes(6...25), now: 2.5) == [batch(3, 6...25, gap: 4...5)])
+        #expect(s.commitFinished(cursor: 25, now: 2.5) == [.sendSyncAck(25)])
+        #expect(s.statistics.gapsRecorded == 1)
+    }
+
+    @Test func replayStartingAtCursorPlusOneMeansTheLossWasInTransit() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: nil)
+        _ = s.bytesReceived(dataBytes(1...3) + dataBytes(6...8), now: 1)
+        _ = s.timerFired(now: 1.25)
+        #expect(s.commitFinished(cursor: 3, now: 1.25) == [.sendSyncRequest(lastCommitted: 3, window: 20)])
+        #expect(s.bytesReceived(dataBytes(4...23), now: 1.5) == [batch(3, 4...23)])
+        #expect(s.statistics.gapsRecorded == 0)
+    }
+
+    /// STREAM_INFO says the peripheral's oldest event is past cursor + 1: record that GAP first (no ACK yet),
+    /// then SYNC_REQ from the new cursor, THEN the ACK (so a window counted from the last ACK opens).
+    @Test func streamInfoOldestBeyondCursorAtStart() {
+        var (s, start) = startedSession(cursor: 10, streamInfo: info(oldest: 31, head: 40))
+        #expect(start == [.subscribe, batch(10, nil, gap: 11...30, ack: false)])
+        #expect(s.commitFinished(cursor: 30, now: 0.5) == [.sendSyncRequest(lastCommitted: 30, window: 20), .sendSyncAck(30)])
+        #expect(s.bytesReceived(dataBytes(31...40), now: 1) == [])
+        #expect(s.timerFired(now: 1.25) == [batch(30, 31...40)])
+        #expect(s.commitFinished(cursor: 40, now: 1.25) == [.sendSyncAck(40), .caughtUp(cursor: 40), .disconnect(.caughtUp)])
+    }
+
+    @Test func streamInfoOldestBeyondCursorAfterAGap() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...5) + dataBytes(12...20), now: 1) == [])
+        #expect(s.timerFired(now: 1.25) == [batch(0, 1...5, ack: false)])
+        #expect(s.commitFinished(cursor: 5, now: 1.25) == [.readStreamInfo])
+        #expect(s.streamInfoRead(info(oldest: 12, head: 50), now: 1.25) == [batch(5, nil, gap: 6...11, ack: false)])
+        #expect(s.commitFinished(cursor: 11, now: 1.5) == [.sendSyncRequest(lastCommitted: 11, window: 20), .sendSyncAck(11)])
+        #expect(s.bytesReceived(dataBytes(12...31), now: 2) == [batch(11, 12...31)])
+    }
+
+    /// oldest == 0 with head > cursor: the peripheral holds nothing, everything up to head is lost.
+    @Test func nothingRetainedMeansEverythingUpToHeadIsAGap() {
+        var (s, start) = startedSession(cursor: 3, streamInfo: info(oldest: 0, head: 9))
+        #expect(start == [.subscribe, batch(3, nil, gap: 4...9, ack: false)])
+        #expect(s.commitFinished(cursor: 9, now: 0.5) == [.sendSyncAck(9), .caughtUp(cursor: 9), .disconnect(.caughtUp)])
+    }
+
+    @Test func newEpochLoadsThatStreamsCursor() {
+        var s = SyncSession()
+        _ = s.connected(hasStreamInfo: true, now: 0)
+        #expect(s.streamInfoRead(info(epoch: 0xDEAD_BEEF, oldest: 1, head: 5), now: 0) == [.loadCursor(epoch: 0xDEAD_BEEF)])
+        #expect(s.epoch == 0xDEAD_BEEF)
+        #expect(s.cursorLoaded(0, now: 0) == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+    }
+
+    @Test func epochChangeMidSessionEndsTheSession() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(epoch: 7, oldest: 1, head: 50))
+        _ = s.bytesReceived(dataBytes(1...2) + dataBytes(9...9), now: 1)
+        #expect(s.timerFired(now: 1.25) == [batch(0, 1...2, ack: false)])
+        #expect(s.commitFinished(cursor: 2, now: 1.25) == [.readStreamInfo])
+        #expect(s.streamInfoRead(info(epoch: 8, oldest: 1, head: 3), now: 1.25) == [.disconnect(.epochChanged)])
+        #expect(s.isClosed)
+    }
+
+    /// head < cursor on the same epoch: record a REGRESSION; after the owner rebases (cursorLoaded(0)) the
+    /// peripheral's new events are staged, not dropped as "duplicates".
+    @Test func regressionAtStartIsRecordedThenRebased() {
+        var (s, start) = startedSession(cursor: 900, streamInfo: info(oldest: 1, head: 12))
+        #expect(start == [.recordRegression(epoch: 7, cursor: 900, head: 12)])
+        #expect(s.statistics.regressions == 1)
+        #expect(s.cursorLoaded(0, now: 0.5) == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.bytesReceived(dataBytes(1...12), now: 1) == [])
+        #expect(s.statistics.duplicates == 0)
+        #expect(s.timerFired(now: 1.25) == [batch(0, 1...12)])
+    }
+
+    @Test func regressionSeenWhenReReadingStreamInfoAfterAGap() {
+        var (s, _) = startedSession(cursor: 100, streamInfo: info(oldest: 1, head: 150))
+        _ = s.bytesReceived(dataBytes(101...102) + dataBytes(140...140), now: 1)
+        #expect(s.timerFired(now: 1.25) == [batch(100, 101...102, ack: false)])
+        #expect(s.commitFinished(cursor: 102, now: 1.25) == [.readStreamInfo])
+        #expect(s.streamInfoRead(info(oldest: 1, head: 5), now: 1.25) == [.recordRegression(epoch: 7, cursor: 102, head: 5)])
+        #expect(s.cursorLoaded(0, now: 1.5).contains(.sendSyncRequest(lastCommitted: 0, window: 20)))
+    }
+
+    @Test func responseTimeoutRetriesThreeTimesThenDisconnects() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.nextDeadline == 2)
+        #expect(s.timerFired(now: 1.75) == [])
+        #expect(s.timerFired(now: 2) == [.sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.timerFired(now: 4) == [.sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.timerFired(now: 6) == [.disconnect(.noResponse)])
+        #expect(s.statistics.syncRequests == 3)
+    }
+
+    @Test func dataResetsTheRetryCount() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.timerFired(now: 2) == [.sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.timerFired(now: 4) == [.sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.bytesReceived(dataBytes(1...20), now: 5) == [batch(0, 1...20)])
+        #expect(s.commitFinished(cursor: 20, now: 5) == [.sendSyncAck(20)])
+        #expect(s.timerFired(now: 7) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.timerFired(now: 9) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.timerFired(now: 11) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.timerFired(now: 13) == [.disconnect(.noResponse)])
+    }
+
+    @Test func caughtUpAtStartWithStreamInfo() {
+        let (s, start) = startedSession(cursor: 50, streamInfo: info(oldest: 30, head: 50))
+        #expect(start == [.subscribe, .sendSyncAck(50), .sendSyncRequest(lastCommitted: 50, window: 20),
+                          .caughtUp(cursor: 50), .disconnect(.caughtUp)])
+        #expect(s.isCaughtUp && s.isClosed)
+    }
+
+    /// Without STREAM_INFO, silence after the last ACK means caught up.
+    @Test func caughtUpWithoutStreamInfoAfterSilence() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: nil)
+        _ = s.bytesReceived(dataBytes(1...5), now: 1)
+        #expect(s.timerFired(now: 1.25) == [batch(0, 1...5)])
+        #expect(s.commitFinished(cursor: 5, now: 1.25) == [.sendSyncAck(5)])
+        #expect(s.nextDeadline == 3.25)
+        #expect(s.timerFired(now: 3.25) == [.caughtUp(cursor: 5), .disconnect(.caughtUp)])
+    }
+
+    /// Regression: nothing new and no STREAM_INFO used to end without any SYNC_ACK (PROTOCOL §4 step 7). The
+    /// cursor is acknowledged at the start (frames of a dropped link were committed without ACK).
+    @Test func caughtUpWithoutStreamInfoAndNothingNewStillAcknowledges() {
+        var (s, start) = startedSession(cursor: 10, streamInfo: nil)
+        #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: 20)])
+        #expect(s.timerFired(now: 2) == [.caughtUp(cursor: 10), .disconnect(.caughtUp)])
+        var (fresh, freshStart) = startedSession(cursor: 0, streamInfo: nil)
+        #expect(freshStart == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(fresh.timerFired(now: 2) == [.sendSyncAck(0), .caughtUp(cursor: 0), .disconnect(.caughtUp)])
+    }
+
+    @Test func stayConnectedTakesLiveEvents() {
+        var config = SyncSession.Configuration()
+        config.stayConnected = true
+        var (s, start) = startedSession(cursor: 5, streamInfo: info(oldest: 1, head: 5), configuration: config)
+        #expect(start == [.subscribe, .sendSyncAck(5), .sendSyncRequest(lastCommitted: 5, window: 20), .caughtUp(cursor: 5)])
+        #expect(!s.isClosed)
+        #expect(s.bytesReceived(dataBytes(6...6), now: 10) == [])
+        #expect(s.timerFired(now: 10.25) == [batch(5, 6...6)])
+        #expect(s.commitFinished(cursor: 6, now: 10.25) == [.sendSyncAck(6)])
+        #expect(s.nextDeadline == nil)  // live mode: silence is normal, no timer
+    }
+
+    @Test func stopCommitsAndAcknowledgesThenDisconnects() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        _ = s.bytesReceived(dataBytes(1...7), now: 1)
+        #expect(s.stop(now: 1.125) == [batch(0, 1...7)])
+        #expect(s.bytesReceived(dataBytes(8...9), now: 1.125) == [])
+        #expect(s.commitFinished(cursor: 7, now: 1.2) == [.sendSyncAck(7), .disconnect(.shutdown)])
+        #expect(s.isClosed)
+    }
+
+    @Test func stopWithACommitInFlightFlushesTheRestFirst() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...23), now: 1) == [batch(0, 1...20)])
+        #expect(s.stop(now: 1.125) == [])
+        #expect(s.commitFinished(cursor: 20, now: 1.2) == [.sendSyncAck(20), batch(20, 21...23)])
+        #expect(s.commitFinished(cursor: 23, now: 1.3) == [.sendSyncAck(23), .disconnect(.shutdown)])
+        var (idle, _) = startedSession(cursor: 0, streamInfo: nil)
+        #expect(idle.stop(now: 1) == [.disconnect(.shutdown)])
+    }
+
+    /// Stall: a flipped length bit holds back the frames behind it; idle resolves it, the frames behind are
+    /// recovered, the damaged one is re-requested (it was a transit loss: no GAP).
+    @Test func stallIsResolvedByIdle() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        var damaged = frames(2...2)[0].encoded()
+        damaged[10] ^= 0x01  // payload length + 256
+        #expect(s.bytesReceived(dataBytes(1...1) + damaged + dataBytes(3...5), now: 1) == [])
+        #expect(s.decoder.bufferedByteCount > 0)
+        #expect(s.nextDeadline == 1.25)
+        // Idle: the stall resolves, 3...5 surface behind a gap at 2: drain (idle again), commit 1, re-read.
+        #expect(s.timerFired(now: 1.25) == [batch(0, 1...1, ack: false)])
+        #expect(s.decoder.statistics.stalls == 1)
+        #expect(s.commitFinished(cursor: 1, now: 1.25) == [.readStreamInfo])
+        #expect(s.streamInfoRead(info(oldest: 1, head: 50), now: 1.25) == [.sendSyncRequest(lastCommitted: 1, window: 20)])
+        #expect(s.bytesReceived(dataBytes(2...21), now: 1.5) == [batch(1, 2...21)])
+    }
+
+    /// Regression: idle used to be measured from the last whole frame, so a big frame arriving in small
+    /// notifications over more than idleTimeout was "stall-resolved" in the middle. Owner fires every deadline.
+    @Test func slowLargeFrameIsNotTakenForAStall() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...1), now: 1) == [])
+        let big = Frame.data(seq: 2, payload: [UInt8](repeating: 0x42, count: 4000)).encoded()
+        var now = 1.0
+        var staged: [SyncAction] = []
+        var rng = SeededRNG(seed: 12345)
+        for (i, piece) in randomChunks(big, maxChunk: 20, using: &rng).enumerated() {
+            now = 1.0 + Double(i + 1) * 0.0078125  // one 20-byte notification per 7.8 ms: ~1.6 s for the frame
+            if let deadline = s.nextDeadline, deadline <= now { staged += s.timerFired(now: deadline) }
+            staged += s.bytesReceived(piece, now: now)
+        }
+        #expect(s.decoder.statistics.stalls == 0)
+        #expect(s.decoder.statistics.discardedBytes == 0)
+        #expect(s.timerFired(now: now + 0.25) == [.commit(CommitBatch(
+            expectedCursor: 0, gap: nil, frames: frames(1...1) + [.data(seq: 2, payload: [UInt8](repeating: 0x42, count: 4000))],
+            newCursor: 2, acknowledge: true))])
+        #expect(staged.isEmpty)
+    }
+
+    /// Regression: nextDeadline used to stay in the past while a commit was in flight (owner spins).
+    @Test func nextDeadlineIsNeverAPastDeadlineThatDoesNothing() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...25), now: 1) == [batch(0, 1...20)])
+        // Staged 21...25 wait for the commit; the idle deadline must not fire while it is in flight.
+        #expect(s.nextDeadline == nil)
+        #expect(s.commitFinished(cursor: 20, now: 1.5) == [.sendSyncAck(20)])
+        #expect(s.nextDeadline == 1.25)  // now overdue and actionable: commits 21...25
+        #expect(s.timerFired(now: 1.5) == [batch(20, 21...25)])
+        #expect(s.nextDeadline == nil)
+    }
+
+    @Test func commitFailureDisconnectsWithoutAck() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
+        #expect(s.commitFailed(now: 1.1) == [.disconnect(.storeFailed)])
+        #expect(s.isClosed)
+    }
+
+    @Test func nonDataFramesOnTheDataStreamAreIgnored() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        let stray = Frame.syncAck(committed: 3).encoded() + Frame.syncRequest(lastCommitted: 1).encoded()
+        #expect(s.bytesReceived(stray + dataBytes(1...1), now: 1) == [])
+        #expect(s.statistics.unexpectedFrames == 2)
+        #expect(s.timerFired(now: 1.25) == [batch(0, 1...1)])
+    }
+
+    @Test func unreadableStreamInfoEndsTheSession() {
+        var s = SyncSession()
+        _ = s.connected(hasStreamInfo: true, now: 0)
+        #expect(s.streamInfoRead([1, 0, 0], now: 0) == [.disconnect(.streamInfoUnreadable(StreamInfo.ParseError.tooShort(3).description))])
+        var t = SyncSession()
+        _ = t.connected(hasStreamInfo: true, now: 0)
+        #expect(t.streamInfoFailed("ATT error 0x0e", now: 0) == [.disconnect(.streamInfoUnreadable("ATT error 0x0e"))])
+    }
+}
