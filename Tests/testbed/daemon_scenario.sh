@@ -7,7 +7,8 @@
 #   A  throughput: ferry run drains K buffered events per allowed peripheral → figures (time to drain, rates)
 #   B  chaos: more events (a big batch + live events while connected), ferry run SIGKILLed at random moments
 #      KILLS times and restarted, one SIGTERM mid-transfer (exit time, every ACK committed), bluetoothd
-#      restarted under the running daemon (it must recover without a restart of its own)
+#      restarted under the running daemon (it must recover without a restart of its own); SIGHUP with the last
+#      allowed peripheral removed (no longer synced), then put back (drained again)
 #   C  final: every event exactly once in the backend with the peripheral's bytes, outbox all COMPLETED,
 #      the stranger never connected, 0 protocol violations.
 # MODE heavy: the same with more kills and a larger batch. Second argument: the ferry binary (default debug).
