@@ -123,13 +123,22 @@ sleep 2
 BT_PID=$(pidof bluetoothd)
 BEFORE=$(python3 -c "import json,sys; print(sum(json.load(open('$R/peripheral-'+a+'.json'))['connections'] for a in sys.argv[1:]))" "${ALLOWED[@]}")
 kill -TERM "$BT_PID"
-for _ in $(seq 50); do kill -0 "$BT_PID" 2>/dev/null || break; sleep 0.1; done
+for _ in $(seq 100); do kill -0 "$BT_PID" 2>/dev/null || break; sleep 0.1; done
+# bluetoothd 5.66 sometimes hangs in its shutdown (seen here: still holding org.bluez 7 s after SIGTERM, so the
+# new one failed with "Name already in use"). A crash is a restart too: make sure the old one is gone.
+if kill -0 "$BT_PID" 2>/dev/null; then
+    echo "--- bluetoothd $BT_PID ignored SIGTERM for 10 s: SIGKILL" >>"$DAEMON_LOG"
+    kill -KILL "$BT_PID"; for _ in $(seq 50); do kill -0 "$BT_PID" 2>/dev/null || break; sleep 0.1; done
+fi
 echo "--- bluetoothd $BT_PID stopped ($(date +%T.%N))" >>"$DAEMON_LOG"
 sleep 2
 BLUETOOTHD=/usr/libexec/bluetooth/bluetoothd; [[ -x $BLUETOOTHD ]] || BLUETOOTHD=/usr/lib/bluetooth/bluetoothd
 "$BLUETOOTHD" -n -d >"$R/bluetoothd-after-restart.log" 2>&1 &
+NEW_BT=$!
 T_BT=$(now)
-echo "--- bluetoothd restarted, pid $! ($(date +%T.%N))" >>"$DAEMON_LOG"
+echo "--- bluetoothd restarted, pid $NEW_BT ($(date +%T.%N))" >>"$DAEMON_LOG"
+sleep 3
+kill -0 "$NEW_BT" 2>/dev/null || fail "test bed: the new bluetoothd is running" "$(tail -2 "$R/bluetoothd-after-restart.log")"
 touch "$LIVE_STOP"; wait "$LIVE_PID"
 B_OUT=$(drained --timeout 300)
 B_RC=$?
