@@ -26,6 +26,7 @@ public enum FerryCommandLine {
         Commands:
           ingest    Feed a captured DATA byte stream into the store (same decoder and rules as a live sync)
           status    Streams, cursors and outbox counts of a store
+          run       The gateway daemon: keep allowed peripherals synced, forward the outbox (--config FILE)
           sync      One sync with one peripheral over BlueZ, until it is caught up
           forward   Drain the outbox to the backend over HTTP(S)
           outbox    List outbox events; send FAILED ones again
@@ -62,6 +63,9 @@ public enum FerryCommandLine {
             case "status":
                 if wantsHelp { output.out(StatusCommand.help); return 0 }
                 return try StatusCommand.run(rest, output: output)
+            case "run":
+                if wantsHelp { output.out(RunCommand.help); return 0 }
+                return try RunCommand.run(rest, output: output)
             case "sync":
                 if wantsHelp { output.out(SyncCommand.help); return 0 }
                 return try SyncCommand.run(rest, output: output)

@@ -1,0 +1,166 @@
+import Dispatch
+import FerryDBus
+import FerryGateway
+import FerryProtocol
+import FerryUplink
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+enum RunCommand {
+    static let help = """
+        Usage: ferry run --config FILE [overrides]
+
+        The gateway daemon: keeps the allowed peripherals synced through a few BLE connection slots (backlog
+        and age decide who goes next; failures back off per peripheral), stores every validated frame, and
+        forwards the outbox to the backend alongside. Runs until SIGTERM/SIGINT: then it takes no more frames,
+        commits what is staged, acknowledges only what is committed, disconnects and exits within a few
+        seconds. SIGHUP re-reads the config file's allowlist. See docs/CONFIG.md for every key.
+
+        Overrides (win over the file):
+          --state-dir DIR          the store goes to DIR/ferry.sqlite (DIR is created 0700)
+          --adapter hciN           the Bluetooth adapter (default: the first)
+          --peripherals A,B,...    replace the allowlist (sync and release)
+          --allow-any              lab mode: sync any peripheral advertising the Sync service
+          --max-connections N      concurrent sessions (default 3)
+          --sync-interval S        re-sync a caught-up peripheral after S seconds (default 60)
+          --window N               SYNC_REQ window (default 20)
+          --endpoint URL           uplink endpoint; without one, store only
+          --token-file F           uplink bearer token file (chmod 600)
+          --gateway-id ID          the uplink's "gateway" field (default: the host name)
+          --log-level L            debug | info | notice | warning | error (default info)
+          --bus ADDRESS            D-Bus address of bluetoothd's bus (default: the system bus)
+
+        Logs: one line per event on stderr ("ferry[level]: ..."; with syslog priority prefixes under systemd).
+        Exit status: 0 stopped by a signal; 1 failure; 2 config or usage error (the message names the key).
+        """
+
+    static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
+        let args = try ParsedArguments(
+            arguments, command: "run",
+            options: [
+                "--config", "--state-dir", "--adapter", "--peripherals", "--max-connections", "--sync-interval",
+                "--window", "--endpoint", "--token-file", "--gateway-id", "--log-level", "--bus",
+            ],
+            flags: ["--allow-any"])
+        guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
+        let configPath = try args.required("--config", command: "run")
+        let configuration = try load(configPath, overrides: args)
+        do {
+            try configuration.validate()
+            try StateDirectory.prepare(configuration.stateDir)
+        } catch let error as ConfigError {
+            throw UsageError(error.description)
+        }
+        // The store, its WAL and journal hold every payload: owner-only whatever the caller's umask.
+        umask(0o077)
+        let log = DaemonLogSink(minimum: configuration.logLevel, priorityPrefix: ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil)
+        if let tokenFile = configuration.uplink.tokenFile {
+            do { _ = try TokenFile(path: tokenFile).read() } catch { throw CommandFailure("uplink.token_file: \(error)") }
+        }
+        let bus = args.values["--bus"]
+        let daemon = GatewayDaemon(
+            configuration: configuration, log: log,
+            connectBus: {
+                try await DBusConnection.connect(to: bus.map { .address($0) } ?? .system, defaultCallTimeout: .seconds(25))
+            })
+
+        // SIGHUP: reload the allowlist from the same file with the same overrides; a bad file keeps the old one.
+        signal(SIGHUP, SIG_IGN)
+        let hangup = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        hangup.setEventHandler {
+            do {
+                let fresh = try load(configPath, overrides: args)
+                try fresh.validate()
+                Task { await daemon.reload(fresh) }
+            } catch {
+                log.log(.error, "reload: \(error); keeping the current allowlist")
+            }
+        }
+        hangup.resume()
+        defer { hangup.cancel() }
+        do {
+            try AsyncBridge.run(cancelOnSignals: true) { try await daemon.run() }
+        } catch {
+            throw CommandFailure("\(error)")
+        }
+        return 0
+    }
+
+    /// The file, then the flags on top. Errors name the key (or flag) and the problem.
+    static func load(_ path: String, overrides args: ParsedArguments) throws -> DaemonConfiguration {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            throw UsageError("cannot read config file \(path): \(String(cString: strerror(errno)))")
+        }
+        var c: DaemonConfiguration
+        do { c = try DaemonConfiguration.parse(data) } catch let error as ConfigError {
+            throw UsageError("\(path): \(error.description)")
+        }
+        if let v = args.values["--state-dir"] {
+            guard v.hasPrefix("/") else { throw UsageError("--state-dir must be an absolute path, got '\(v)'") }
+            c.stateDir = v
+        }
+        if let v = args.values["--adapter"] { c.adapter = v }
+        if let v = args.values["--peripherals"] {
+            c.peripherals = try v.split(separator: ",").map {
+                PeripheralPolicy(address: try FerryCommandLine.address(String($0), option: "--peripherals"))
+            }
+        }
+        if args.flags.contains("--allow-any") { c.allowAnySyncPeripheral = true }
+        if args.values["--max-connections"] != nil {
+            c.maxConnections = try args.integer("--max-connections", Int.self, default: 3, range: 1...10)
+        }
+        if args.values["--sync-interval"] != nil {
+            c.syncIntervalSeconds = try args.number("--sync-interval", default: 60, minimum: 0)
+        }
+        if args.values["--window"] != nil {
+            c.window = try args.integer("--window", UInt16.self, default: 20, range: 1...UInt16.max)
+        }
+        if let v = args.values["--endpoint"] {
+            guard let url = URL(string: v), let scheme = url.scheme, ["http", "https"].contains(scheme) else {
+                throw UsageError("--endpoint must be an http(s) URL, got '\(v)'")
+            }
+            c.uplink.endpoint = v
+        }
+        if let v = args.values["--token-file"] { c.uplink.tokenFile = v }
+        if let v = args.values["--gateway-id"] { c.uplink.gatewayID = v }
+        if let v = args.values["--log-level"] {
+            guard let level = LogLevel(name: v) else {
+                throw UsageError("--log-level must be debug, info, notice, warning or error, got '\(v)'")
+            }
+            c.logLevel = level
+        }
+        return c
+    }
+}
+
+/// One line per event on stderr. Under systemd (JOURNAL_STREAM set) each line starts with its syslog
+/// priority ("<4>"), which journald turns into the entry's PRIORITY; elsewhere "ferry[level]: ".
+struct DaemonLogSink: LogSink {
+    let minimum: LogLevel
+    let priorityPrefix: Bool
+
+    func log(_ level: LogLevel, _ message: String) {
+        guard level >= minimum else { return }
+        let line: String
+        if priorityPrefix {
+            let priority: Int
+            switch level {
+            case .debug: priority = 7
+            case .info: priority = 6
+            case .notice: priority = 5
+            case .warning: priority = 4
+            case .error: priority = 3
+            }
+            line = "<\(priority)>\(level): \(message)\n"
+        } else {
+            line = "ferry[\(level)]: \(message)\n"
+        }
+        StandardOutput.writeAll(2, line)
+    }
+}

@@ -1,0 +1,442 @@
+import FerryBlueZ
+import FerryDBus
+import FerryProtocol
+import FerryStore
+import FerryUplink
+import Foundation
+
+/// The long-running gateway (`ferry run`): keeps the allowed peripherals synced through a few connection
+/// slots, and forwards the outbox alongside.
+///
+/// Shape: one scheduling loop (this actor) decides who gets a slot (`SyncScheduler`, pure); each slot runs one
+/// session task (connect → `SyncSessionRunner` over `BlueZSyncTransport` → summary); the `OutboxForwarder`
+/// runs in its own task. Every session opens its own connection to the store file: SQLite serialises the
+/// writers (WAL, busy timeout), and the store, not memory, is the only queue.
+///
+/// Shutdown (task cancellation, i.e. SIGTERM/SIGINT): every running session gets `.stop` — it takes no more
+/// frames, commits what is staged, acknowledges only what is committed and disconnects. Sessions still
+/// connecting are cancelled. The daemon waits at most `shutdownGraceSeconds` for them; whatever is
+/// uncommitted then is simply not acknowledged and the peripheral replays it next time.
+public actor GatewayDaemon {
+    private var configuration: DaemonConfiguration
+    private let log: any LogSink
+    private let clock: any MonotonicClock
+    private let connectBus: @Sendable () async throws -> DBusConnection
+    private var scheduler: SyncScheduler
+    private var sessions: [PeripheralAddress: ActiveSession] = [:]
+    private var stopping = false
+    /// Totals since start, for the exit summary.
+    public private(set) var totals = Totals()
+
+    public struct Totals: Sendable, Equatable {
+        public var sessions = 0
+        public var caughtUp = 0
+        public var failed = 0
+        public var framesStored = 0
+        public var gaps = 0
+        public var regressions = 0
+    }
+
+    struct ActiveSession {
+        let task: Task<Void, Never>
+        /// Set once the session has a live link; `.stop` goes there.
+        var control: AsyncStream<LinkEvent>.Continuation?
+    }
+
+    /// `connectBus` defaults to the system bus (tests and the test bed pass another address).
+    public init(
+        configuration: DaemonConfiguration, log: any LogSink, clock: any MonotonicClock = SystemMonotonicClock(),
+        connectBus: @escaping @Sendable () async throws -> DBusConnection = {
+            try await DBusConnection.connect(to: .system, defaultCallTimeout: .seconds(25))
+        }
+    ) {
+        self.configuration = configuration
+        self.log = log
+        self.clock = clock
+        self.connectBus = connectBus
+        scheduler = SyncScheduler(
+            configuration: configuration.schedulerConfiguration, jitter: { Double.random(in: 0.5...1) })
+    }
+
+    /// SIGHUP: take the new allowlist and lab-mode switch. Sessions with peripherals no longer allowed are
+    /// stopped gracefully. Other keys need a restart (logged).
+    public func reload(_ new: DaemonConfiguration) {
+        var kept = new
+        kept.peripherals = configuration.peripherals
+        kept.allowAnySyncPeripheral = configuration.allowAnySyncPeripheral
+        kept.stayConnectedDefault = configuration.stayConnectedDefault
+        if kept != configuration {
+            log.log(.warning, "reload: only the allowlist (peripherals, allow_any_sync_peripheral, stay_connected_default) is reloaded; restart for the other changes")
+        }
+        configuration.peripherals = new.peripherals
+        configuration.allowAnySyncPeripheral = new.allowAnySyncPeripheral
+        configuration.stayConnectedDefault = new.stayConnectedDefault
+        log.log(
+            .notice,
+            "reload: \(new.peripherals.count) allowed peripherals"
+                + (new.allowAnySyncPeripheral ? ", lab mode (any Sync peripheral)" : ""))
+        for (address, session) in sessions where configuration.policy(for: address) == nil {
+            log.log(.notice, "\(address): no longer allowed, stopping its session")
+            session.control?.yield(.stop)
+        }
+    }
+
+    /// Runs until the calling task is cancelled; then shuts down gracefully and returns.
+    public func run() async throws {
+        let dbPath = configuration.databasePath
+        _ = try GatewayStore(path: dbPath, create: true)  // create/migrate once, before any radio work
+        let forwarder = try startForwarder(databasePath: dbPath)
+        log.log(
+            .notice,
+            "ferry run: store \(dbPath), \(configuration.maxConnections) slots, "
+                + (configuration.allowAnySyncPeripheral
+                    ? "lab mode (any Sync peripheral)" : "allowlist of \(configuration.peripherals.count)")
+                + (configuration.uplink.endpoint.map { ", uplink \($0)" } ?? ", store only (no uplink endpoint)"))
+        await withTaskCancellationHandler {
+            await schedulingLoop()
+        } onCancel: {
+            Task { await self.beginStop() }
+        }
+        await shutdown(forwarder: forwarder)
+    }
+
+    private func beginStop() {
+        guard !stopping else { return }
+        stopping = true
+        log.log(.notice, "stopping: committing and acknowledging what is staged in \(sessions.count) sessions")
+        for session in sessions.values {
+            if let control = session.control {
+                control.yield(.stop)
+            } else {
+                session.task.cancel()  // still connecting: nothing staged yet
+            }
+        }
+    }
+
+    private func shutdown(forwarder: Task<Void, Never>?) async {
+        beginStop()
+        let deadline = clock.now() + configuration.shutdownGraceSeconds
+        while !sessions.isEmpty && clock.now() < deadline {
+            try? await Task.sleep(nanoseconds: 50_000_000)
+        }
+        if !sessions.isEmpty {
+            log.log(
+                .warning,
+                "stop: \(sessions.count) sessions did not finish within \(configuration.shutdownGraceSeconds) s; "
+                    + "their uncommitted frames were not acknowledged and will be replayed")
+            for session in sessions.values { session.task.cancel() }
+        }
+        forwarder?.cancel()
+        await forwarder?.value
+        let t = totals
+        log.log(
+            .notice,
+            "stopped: \(t.sessions) sessions (\(t.caughtUp) caught up, \(t.failed) failed), \(t.framesStored) frames "
+                + "stored, \(t.gaps) gaps, \(t.regressions) regressions")
+    }
+
+    // MARK: scheduling
+
+    private func schedulingLoop() async {
+        var client: BlueZClient?
+        var adapter: BlueZAdapter?
+        var discoveryLease: DiscoveryLease?
+        var lastWarning = ""
+        var lastPowerAttempt = -Double.infinity
+        func warnOnce(_ message: String) {
+            if message != lastWarning { log.log(.warning, message) }
+            lastWarning = message
+        }
+        while !stopping && !Task.isCancelled {
+            let now = clock.now()
+            if client == nil {
+                do {
+                    client = try await BlueZClient(connection: try await connectBus(), log: { [log] in log.log(.debug, $0) })
+                } catch {
+                    warnOnce("cannot reach the D-Bus system bus: \(error); retrying")
+                }
+            }
+            if let client, adapter == nil {
+                do {
+                    adapter = try await client.adapter(named: configuration.adapter)
+                    log.log(.info, "using adapter \(adapter!.name)")
+                    lastWarning = ""
+                } catch {
+                    warnOnce("waiting for a Bluetooth adapter: \(error)")
+                }
+            }
+            if let client, let adapter {
+                if await !adapter.isPowered() {
+                    if await client.objects.isServiceAvailable, now - lastPowerAttempt > 10 {
+                        lastPowerAttempt = now
+                        log.log(.notice, "adapter \(adapter.name) is powered off: powering it on")
+                        do { try await adapter.setPowered(true) } catch {
+                            log.log(.warning, "cannot power on \(adapter.name): \(error)")
+                        }
+                    }
+                } else {
+                    // Lab mode keeps discovery running so new Sync peripherals show up; BlueZDiscovery restarts
+                    // it by itself after a bluetoothd restart. The allowlist mode discovers per connect only.
+                    if configuration.allowAnySyncPeripheral && discoveryLease == nil {
+                        discoveryLease = try? await client.discovery(on: adapter).acquire()
+                    } else if !configuration.allowAnySyncPeripheral, let lease = discoveryLease {
+                        await lease.release()
+                        discoveryLease = nil
+                    }
+                    await refreshCandidates(client: client, adapter: adapter)
+                    for address in scheduler.due(now: now) {
+                        guard let policy = configuration.policy(for: address) else { continue }
+                        start(policy, client: client, adapter: adapter)
+                    }
+                }
+            }
+            // Polling keeps the loop simple and obviously bounded; 250 ms is invisible next to a connect (≥ 0.3 s).
+            try? await Task.sleep(nanoseconds: 250_000_000)
+        }
+        await discoveryLease?.release()
+    }
+
+    private func refreshCandidates(client: BlueZClient, adapter: BlueZAdapter) async {
+        var candidates = Set(configuration.peripherals.map(\.address))
+        if configuration.allowAnySyncPeripheral {
+            let prefix = adapter.path + "/"
+            for device in await client.objects.snapshot.all(implementing: BlueZInterface.device)
+            where device.path.hasPrefix(prefix) {
+                let uuids = device.properties["UUIDs"]?.stringArray ?? []
+                guard uuids.contains(where: { $0.lowercased() == SyncProfile.serviceUUID }),
+                    let text = device.properties["Address"]?.string, let address = PeripheralAddress(text)
+                else { continue }
+                if scheduler.peripherals[address] == nil { log.log(.info, "\(address): discovered (lab mode)") }
+                candidates.insert(address)
+            }
+        }
+        scheduler.setCandidates(candidates)
+    }
+
+    private func start(_ policy: PeripheralPolicy, client: BlueZClient, adapter: BlueZAdapter) {
+        scheduler.started(policy.address, now: clock.now())
+        totals.sessions += 1
+        let settings = SessionSettings(
+            policy: policy, configuration: configuration.sessionConfiguration, databasePath: configuration.databasePath,
+            connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: configuration.diskBudgetBytes)
+        let log = self.log
+        let clock = self.clock
+        let task = Task {
+            let result = await SessionWorker(settings: settings, client: client, adapter: adapter, log: log, clock: clock)
+                .run(register: { continuation in await self.attach(policy.address, continuation) })
+            self.finished(policy.address, result)
+        }
+        sessions[policy.address] = ActiveSession(task: task, control: nil)
+    }
+
+    /// A session got its link: from now on a stop is delivered as `.stop`. Returns false if the daemon is
+    /// stopping (the session then disconnects without starting).
+    private func attach(_ address: PeripheralAddress, _ continuation: AsyncStream<LinkEvent>.Continuation) -> Bool {
+        sessions[address]?.control = continuation
+        return !stopping && configuration.policy(for: address) != nil
+    }
+
+    private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
+        sessions[address] = nil
+        scheduler.finished(address, outcome: result.outcome, now: clock.now())
+        switch result.outcome {
+        case .caughtUp: totals.caughtUp += 1
+        case .failed: totals.failed += 1
+        case .interrupted: break
+        }
+        if let s = result.summary {
+            totals.framesStored += s.framesStored
+            totals.gaps += s.gapsRecorded
+            totals.regressions += s.regressions
+        }
+        if case .failed = result.outcome, let state = scheduler.peripherals[address] {
+            let wait = max(0, state.notBefore - clock.now())
+            log.log(
+                .info,
+                "\(address): backing off \(String(format: "%.1f", wait)) s after \(state.consecutiveFailures) "
+                    + "consecutive failures")
+        }
+    }
+
+    private func startForwarder(databasePath: String) throws -> Task<Void, Never>? {
+        let uplink = configuration.uplink
+        guard let endpointText = uplink.endpoint, let endpoint = URL(string: endpointText) else { return nil }
+        var forwarding = ForwarderConfiguration(gatewayID: uplink.gatewayID ?? ProcessInfo.processInfo.hostName)
+        forwarding.maxInFlight = uplink.maxInFlight
+        forwarding.limits.maxEvents = uplink.batchEvents
+        forwarding.policy.maxRetries = uplink.maxRetries
+        let poster = try UplinkHTTPPoster(
+            configuration: UplinkHTTPConfiguration(
+                endpoint: endpoint, requestTimeoutSeconds: uplink.timeoutSeconds,
+                compression: .whenAdvertised(minimumBytes: 1024), maximumConnections: uplink.maxInFlight))
+        let tokenFile = uplink.tokenFile.map { TokenFile(path: $0) }
+        let log = self.log
+        return Task {
+            // The forwarder only ends on a store error; it is restarted so a transient error (disk full,
+            // locked file) does not silently stop the uplink for the rest of the daemon's life.
+            while !Task.isCancelled {
+                do {
+                    let forwarder = try OutboxForwarder(
+                        databasePath: databasePath, poster: poster, configuration: forwarding,
+                        tokenSource: { try tokenFile?.read() }, log: log)
+                    _ = try await forwarder.run(untilEmpty: false)
+                } catch {
+                    if Task.isCancelled { break }
+                    log.log(.error, "uplink: stopped on \(error); restarting in 5 s")
+                }
+                try? await Task.sleep(nanoseconds: 5_000_000_000)
+            }
+        }
+    }
+}
+
+/// What a session task needs; a value so the task does not reach back into the daemon for it.
+struct SessionSettings: Sendable {
+    var policy: PeripheralPolicy
+    var configuration: SyncSession.Configuration
+    var databasePath: String
+    var connectTimeout: Double
+    var diskBudgetBytes: Int64?
+}
+
+struct SessionResult: Sendable {
+    var outcome: SyncScheduler.Outcome
+    var summary: SyncSummary?
+}
+
+/// One slot's work: connect, run the sync session, report. Everything it logs names the peripheral.
+struct SessionWorker: Sendable {
+    let settings: SessionSettings
+    let client: BlueZClient
+    let adapter: BlueZAdapter
+    let log: any LogSink
+    let clock: any MonotonicClock
+
+    var address: PeripheralAddress { settings.policy.address }
+
+    func run(register: @Sendable (AsyncStream<LinkEvent>.Continuation) async -> Bool) async -> SessionResult {
+        let started = clock.now()
+        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) { [log] in
+            log.log(.debug, $0)
+        }
+        connector.waitTimeout = .seconds(15)
+        // The daemon's own scheduler backs off between sessions; inside one attempt keep retries short so a
+        // dead peripheral does not hold a slot for minutes.
+        var retry = ConnectRetryPolicy()
+        retry.configuration.maxTransientAttempts = 2
+        retry.configuration.maxResourceAttempts = 1
+        let device: BlueZDevice
+        do {
+            device = try await connector.connect(
+                policy: &retry, connectTimeout: .milliseconds(Int64(settings.connectTimeout * 1000)))
+        } catch {
+            if !Task.isCancelled { log.log(.warning, "\(address): connect failed: \(error)") }
+            return SessionResult(outcome: Task.isCancelled ? .interrupted(backlog: nil) : .failed)
+        }
+        let service: BlueZGattService
+        do {
+            service = try await device.waitUntilServicesResolved(
+                serviceUUID: SyncProfile.serviceUUID,
+                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(20))
+            if await service.characteristic(uuid: SyncProfile.streamInfoUUID) == nil {
+                // STREAM_INFO is optional, but BlueZ can export it a moment after DATA and CONTROL. Seen in the
+                // test bed: a session started without it ran as epoch 0, and the next one (with the real epoch)
+                // recorded the 2000 events it had already stored as a 2000-event GAP. Give it a short grace.
+                _ = try? await device.waitUntilServicesResolved(
+                    serviceUUID: SyncProfile.serviceUUID,
+                    characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID, SyncProfile.streamInfoUUID],
+                    timeout: .seconds(2))
+            }
+        } catch {
+            let uuids = await device.gattServiceUUIDs()
+            if !uuids.isEmpty && !uuids.contains(SyncProfile.serviceUUID) {
+                log.log(.warning, "\(address): not a Sync peripheral (services: \(uuids.joined(separator: ", ")))")
+            } else {
+                log.log(.warning, "\(address): services did not resolve: \(error)")
+            }
+            try? await device.disconnect()
+            return SessionResult(outcome: .failed)
+        }
+        let connectSeconds = clock.now() - started
+        let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
+        let store: GatewayStore
+        let transport: BlueZSyncTransport
+        do {
+            store = try GatewayStore(path: settings.databasePath)
+            transport = try await BlueZSyncTransport(
+                device: device, service: service, events: continuation, preferredNotify: .acquireNotify, log: log)
+        } catch {
+            log.log(.error, "\(address): cannot start a session: \(error)")
+            try? await device.disconnect()
+            return SessionResult(outcome: .failed)
+        }
+        guard await register(continuation) else {
+            continuation.finish()
+            await transport.disconnect()
+            return SessionResult(outcome: .interrupted(backlog: nil))
+        }
+        var configuration = settings.configuration
+        configuration.stayConnected = settings.policy.stayConnected
+        let runner = SyncSessionRunner(
+            peripheral: address, store: store, transport: transport, configuration: configuration, clock: clock,
+            log: log, diskBudgetBytes: settings.diskBudgetBytes)
+        log.log(
+            .info,
+            "\(address): connected in \(String(format: "%.2f", connectSeconds)) s"
+                + (settings.policy.stayConnected ? " (stays connected for live events)" : ""))
+        let sessionStart = clock.now()
+        await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation, clock: clock)
+        continuation.finish()
+        let seconds = clock.now() - sessionStart
+        let s = runner.summary
+        let head = runner.machine.knownHead
+        let backlog = head.map { $0 > s.cursor ? $0 - s.cursor : 0 }
+        let outcome: SyncScheduler.Outcome
+        switch s.disconnectReason {
+        case "caughtUp": outcome = .caughtUp
+        case "shutdown": outcome = .interrupted(backlog: backlog)
+        case _ where s.backpressure: outcome = .interrupted(backlog: backlog)
+        default: outcome = .failed
+        }
+        let rate = seconds > 0 ? Double(s.framesStored) / seconds : 0
+        log.log(
+            outcome == .failed ? .warning : .notice,
+            "\(address): sync \(s.disconnectReason ?? "link lost"): \(s.framesStored) frames stored in "
+                + String(format: "%.2f s (%.0f frames/s)", seconds, rate) + ", epoch \(s.epoch) cursor \(s.cursor)"
+                + (head.map { " head \($0)" } ?? "") + ", \(s.duplicates) duplicates, \(s.gapsRecorded) gaps, "
+                + "\(s.regressions) regressions, \(s.corrupt) corrupt"
+                + (s.backpressure ? "; store over its disk budget (backpressure)" : "")
+                + " [via \(transport.notifyMethod?.rawValue ?? "none")]")
+        return SessionResult(outcome: outcome, summary: s)
+    }
+}
+
+/// State directory rules: created 0700; an existing one readable or writable by others is refused (the store
+/// holds every event payload and the uplink's idempotency keys).
+public enum StateDirectory {
+    public static func prepare(_ path: String) throws {
+        var info = stat()
+        if stat(path, &info) != 0 {
+            guard errno == ENOENT else { throw ConfigError(key: "state_dir", problem: "\(path): \(errnoText())") }
+            do {
+                try FileManager.default.createDirectory(
+                    atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+            } catch {
+                throw ConfigError(key: "state_dir", problem: "cannot create \(path): \(error.localizedDescription)")
+            }
+            _ = chmod(path, 0o700)  // the umask may have narrowed it; never widened
+            return
+        }
+        guard (info.st_mode & S_IFMT) == S_IFDIR else {
+            throw ConfigError(key: "state_dir", problem: "\(path) exists and is not a directory")
+        }
+        if info.st_mode & 0o007 != 0 {
+            throw ConfigError(
+                key: "state_dir",
+                problem: "\(path) is accessible by other users (mode \(String(info.st_mode & 0o777, radix: 8))); "
+                    + "chmod 700 it: the store holds every event payload")
+        }
+    }
+
+    private static func errnoText() -> String { String(cString: strerror(errno)) }
+}

@@ -1,0 +1,119 @@
+import FerryGateway
+import FerryProtocol
+import Foundation
+import Testing
+
+/// `ferry run`'s config file: defaults, parsing, and errors that name the key.
+@Suite struct DaemonConfigTests {
+    func parse(_ json: String) throws -> DaemonConfiguration {
+        try DaemonConfiguration.parse(Data(json.utf8))
+    }
+
+    func error(_ json: String) -> ConfigError? {
+        do {
+            let c = try parse(json)
+            try c.validate()
+            return nil
+        } catch let e as ConfigError {
+            return e
+        } catch {
+            return ConfigError(key: "?", problem: "\(error)")
+        }
+    }
+
+    @Test func defaults() throws {
+        let c = try parse("{}")
+        #expect(c.stateDir == "/var/lib/ferry")
+        #expect(c.databasePath == "/var/lib/ferry/ferry.sqlite")
+        #expect(c.maxConnections == 3)
+        #expect(c.allowAnySyncPeripheral == false)
+        #expect(c.window == 20)
+        #expect(c.syncIntervalSeconds == 60)
+        #expect(c.logLevel == .info)
+        #expect(c.uplink.endpoint == nil)
+        #expect(c.peripherals.isEmpty)
+    }
+
+    @Test func fullFile() throws {
+        let c = try parse(
+            """
+            {"state_dir": "/srv/ferry", "adapter": "hci1", "max_connections": 4, "window": 40,
+             "sync_interval_seconds": 30, "log_level": "notice", "disk_budget_bytes": 104857600,
+             "peripherals": ["c0:ff:ee:00:00:01", {"address": "C0:FF:EE:00:00:02", "stay_connected": true}],
+             "uplink": {"endpoint": "https://example.invalid/ingest", "gateway_id": "pi-7", "max_in_flight": 2}}
+            """)
+        #expect(c.stateDir == "/srv/ferry")
+        #expect(c.adapter == "hci1")
+        #expect(c.maxConnections == 4)
+        #expect(c.window == 40)
+        #expect(c.logLevel == .notice)
+        #expect(c.diskBudgetBytes == 104_857_600)
+        #expect(c.peripherals.map(\.address.string) == ["C0:FF:EE:00:00:01", "C0:FF:EE:00:00:02"])
+        #expect(c.peripherals.map(\.stayConnected) == [false, true])
+        #expect(c.uplink.endpoint == "https://example.invalid/ingest")
+        #expect(c.uplink.gatewayID == "pi-7")
+        #expect(c.uplink.maxInFlight == 2)
+        #expect(c.sessionConfiguration.window == 40)
+        #expect(c.schedulerConfiguration.maxConnections == 4)
+        try c.validate()
+    }
+
+    @Test func theAllowlistDecidesUnlessLabModeIsOn() throws {
+        var c = try parse(#"{"peripherals": ["C0:FF:EE:00:00:01"]}"#)
+        let listed = PeripheralAddress("C0:FF:EE:00:00:01")!
+        let stranger = PeripheralAddress("C0:FF:EE:00:00:09")!
+        #expect(c.policy(for: listed) != nil)
+        #expect(c.policy(for: stranger) == nil)
+        c.allowAnySyncPeripheral = true
+        c.stayConnectedDefault = true
+        #expect(c.policy(for: stranger) == PeripheralPolicy(address: stranger, stayConnected: true))
+    }
+
+    @Test func errorsNameTheKeyAndTheProblem() {
+        let valid = #""peripherals": ["C0:FF:EE:00:00:01"]"#
+        #expect(error(#"{"max_conections": 3}"#)?.key == "max_conections")
+        #expect(error("{\(valid), \"max_connections\": \"3\"}")?.description
+            == "config key 'max_connections': must be a number, got the string '3'")
+        #expect(error("{\(valid), \"max_connections\": 0}")?.key == "max_connections")
+        #expect(error("{\(valid), \"max_connections\": 2.5}")?.problem.contains("whole number") == true)
+        #expect(error("{\(valid), \"window\": 70000}")?.key == "window")
+        #expect(error("{\(valid), \"allow_any_sync_peripheral\": 1}")?.key == "allow_any_sync_peripheral")
+        #expect(error("{\(valid), \"state_dir\": \"relative/dir\"}")?.key == "state_dir")
+        #expect(error("{\(valid), \"log_level\": \"loud\"}")?.key == "log_level")
+        #expect(error(#"{"peripherals": ["nope"]}"#)?.key == "peripherals[0]")
+        #expect(error(#"{"peripherals": [{"adress": "C0:FF:EE:00:00:01"}]}"#)?.key == "peripherals[0].adress")
+        #expect(error(#"{"peripherals": ["C0:FF:EE:00:00:01", "c0:ff:ee:00:00:01"]}"#)?.key == "peripherals[1]")
+        #expect(error("{\(valid), \"uplink\": {\"endpoint\": \"ftp://x\"}}")?.key == "uplink.endpoint")
+        #expect(error("{\(valid), \"uplink\": {\"token\": \"secret\"}}")?.key == "uplink.token")
+        #expect(error("{\(valid), \"backoff_base_seconds\": 10, \"backoff_cap_seconds\": 5}")?.key == "backoff_cap_seconds")
+        #expect(error("[1, 2]")?.problem == "the config must be a JSON object")
+        #expect(error("{").map { $0.problem.hasPrefix("not valid JSON") } == true)
+    }
+
+    @Test func validationRefusesConfigsThatCouldNeverSyncAnything() {
+        #expect(error("{}")?.key == "peripherals")
+        #expect(error(#"{"allow_any_sync_peripheral": true}"#) == nil)
+        // Every slot held by a stay-connected peripheral would starve the others.
+        #expect(
+            error(
+                #"{"max_connections": 1, "peripherals": [{"address": "C0:FF:EE:00:00:01", "stay_connected": true}]}"#)?
+                .key == "max_connections")
+    }
+
+    @Test func stateDirectoryIsCreated0700AndAWorldReadableOneIsRefused() throws {
+        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-state-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        let fresh = base + "/a/state"
+        try StateDirectory.prepare(fresh)
+        let mode = try FileManager.default.attributesOfItem(atPath: fresh)[.posixPermissions] as? Int
+        #expect(mode == 0o700)
+        try StateDirectory.prepare(fresh)  // an existing 0700 directory is fine
+        let open = base + "/open"
+        try FileManager.default.createDirectory(atPath: open, withIntermediateDirectories: true)
+        chmod(open, 0o755)
+        #expect(throws: ConfigError.self) { try StateDirectory.prepare(open) }
+        let file = base + "/file"
+        _ = FileManager.default.createFile(atPath: file, contents: Data())
+        #expect(throws: ConfigError.self) { try StateDirectory.prepare(file) }
+    }
+}

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Checks for the `ferry run` test-bed scenarios (runs in the guest, stdlib only).
+
+  daemon_check.py drained --allowed A,B,C --gateway-db G --backend-db B [--timeout S]
+      wait until every allowed peripheral is drained end to end: its head acknowledged, the backend holding
+      every seq 1..head of its epoch, and the gateway outbox without PENDING/IN_FLIGHT events.
+      Prints {"seconds": ..., "frames": ...} as JSON; exit 1 on timeout (with what was missing).
+  daemon_check.py acked-committed --allowed A,B,C --gateway-db G
+      every peripheral's highest_ack <= the gateway's committed cursor (never ACK what is not committed).
+  daemon_check.py final --allowed A,B,C --stranger D --gateway-db G --backend-db B
+      the end-of-scenario assertions; prints one 'PASS name' / 'FAIL name: why' line each; exit 1 if any failed.
+
+Peripheral stats come from $FERRY_TESTBED_RESULTS/peripheral-<ADDR>.json (Hardware/TESTBED.md).
+"""
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import time
+
+sys.path.insert(0, os.environ.get("FERRY_TESTBED_DIR", "scripts/testbed.d"))
+import syncproto  # noqa: E402  (event_payload: the bytes seq N must carry)
+
+RESULTS = os.environ.get("FERRY_TESTBED_RESULTS", ".")
+
+
+def peripheral_stats(address):
+    with open(os.path.join(RESULTS, f"peripheral-{address}.json")) as f:
+        return json.load(f)
+
+
+def connect(path):
+    # Read-only URI: the checker must never create or change the store it judges.
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    return db
+
+
+def backend_seqs(db, address, epoch):
+    rows = db.execute("SELECT seq FROM frames WHERE peripheral = ? AND epoch = ?", (address, str(epoch))).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def outbox_counts(db):
+    return dict(db.execute("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetchall())
+
+
+def gateway_cursor(db, address, device_epoch):
+    row = db.execute(
+        "SELECT MAX(cursor) FROM stream_cursors WHERE peripheral = ? AND device_epoch = ? AND active = 1",
+        (address, str(device_epoch))).fetchone()
+    return row[0] or 0
+
+
+def drained_state(args):
+    """(all drained?, frames in backend for the allowed peripherals, what is missing)."""
+    missing = []
+    frames = 0
+    try:
+        backend = connect(args.backend_db)
+        gateway = connect(args.gateway_db)
+        for address in args.allowed:
+            st = peripheral_stats(address)
+            head = st["head"]
+            seqs = backend_seqs(backend, address, st["epoch"])
+            frames += len(seqs)
+            # Seqs forwarded as a recorded GAP count as arrived here (the wait must end); `final` fails on them.
+            gapped = backend.execute(
+                "SELECT COALESCE(SUM(CAST(last_seq AS INTEGER) - CAST(first_seq AS INTEGER) + 1), 0) FROM gaps "
+                "WHERE peripheral = ? AND epoch = ?", (address, str(st["epoch"]))).fetchone()[0]
+            if st["highest_ack"] < head:
+                missing.append(f"{address}: acked {st['highest_ack']} of head {head}")
+            if len(seqs) + gapped < head:
+                missing.append(f"{address}: backend has {len(seqs)} (+{gapped} in gaps) of {head}")
+        counts = outbox_counts(gateway)
+        open_events = counts.get("PENDING", 0) + counts.get("IN_FLIGHT", 0)
+        if open_events:
+            missing.append(f"outbox: {open_events} events not yet delivered")
+        backend.close()
+        gateway.close()
+    except (OSError, sqlite3.Error, KeyError, ValueError) as error:
+        missing.append(f"not readable yet: {error}")
+    return not missing, frames, missing
+
+
+def cmd_drained(args):
+    start = time.monotonic()
+    missing = []
+    while time.monotonic() - start < args.timeout:
+        done, frames, missing = drained_state(args)
+        if done:
+            print(json.dumps({"seconds": round(time.monotonic() - start, 2), "frames": frames}))
+            return 0
+        time.sleep(0.5)
+    print(json.dumps({"seconds": None, "missing": missing}))
+    return 1
+
+
+def cmd_acked_committed(args):
+    gateway = connect(args.gateway_db)
+    bad = []
+    for address in args.allowed:
+        st = peripheral_stats(address)
+        cursor = gateway_cursor(gateway, address, st["epoch"])
+        if st["highest_ack"] > cursor:
+            bad.append(f"{address}: peripheral saw ACK {st['highest_ack']} but the store committed only {cursor}")
+    print("; ".join(bad) if bad else "every ACK is committed")
+    return 1 if bad else 0
+
+
+def cmd_final(args):
+    results = []
+
+    def check(name, ok, why=""):
+        results.append(ok)
+        print(f"PASS {name}" if ok else f"FAIL {name}: {why}")
+
+    backend = connect(args.backend_db)
+    gateway = connect(args.gateway_db)
+    for address in args.allowed:
+        st = peripheral_stats(address)
+        epoch, head, generation = int(st["epoch"]), st["head"], st.get("generation", 0)
+        rows = backend.execute(
+            "SELECT seq, payload FROM frames WHERE peripheral = ? AND epoch = ?", (address, str(epoch))).fetchall()
+        seqs = sorted(int(r[0]) for r in rows)
+        check(f"{address} backend holds every event 1..{head} exactly once",
+              seqs == list(range(1, head + 1)),
+              f"{len(seqs)} rows, {len(set(seqs))} distinct, missing "
+              f"{sorted(set(range(1, head + 1)) - set(seqs))[:10]}, extra {[s for s in seqs if s > head][:10]}")
+        size = args.payload_bytes
+        wrong = [int(s) for s, p in rows if bytes(p) != syncproto.event_payload(epoch, generation, int(s), size)]
+        check(f"{address} payloads are the peripheral's bytes", not wrong, f"{len(wrong)} differ, e.g. {wrong[:5]}")
+        check(f"{address} acknowledged through its head", st["highest_ack"] == head,
+              f"highest_ack {st['highest_ack']} head {head}")
+        check(f"{address} no protocol violations", st["violations"] == 0, json.dumps(st.get("violation_list", [])[:3]))
+        cursor = gateway_cursor(gateway, address, epoch)
+        check(f"{address} gateway cursor == head", cursor == head, f"cursor {cursor} head {head}")
+    if args.stranger:
+        st = peripheral_stats(args.stranger)
+        check(f"{args.stranger} (not on the allowlist) never connected", st["connections"] == 0,
+              f"connections {st['connections']}")
+        n = backend.execute("SELECT COUNT(*) FROM frames WHERE peripheral = ?", (args.stranger,)).fetchone()[0]
+        g = gateway.execute("SELECT COUNT(*) FROM staged_frames WHERE peripheral = ?", (args.stranger,)).fetchone()[0]
+        check(f"{args.stranger} nothing stored or forwarded", n == 0 and g == 0, f"backend {n}, gateway {g}")
+    counts = outbox_counts(gateway)
+    check("gateway outbox all COMPLETED", set(counts) <= {"COMPLETED"} and counts.get("COMPLETED", 0) > 0,
+          json.dumps(counts))
+    stats = json.loads(os.popen(f"{args.backend} stats --db {args.backend_db}").read())
+    check("backend: no event in two batches, no idempotency conflict, no gaps or regressions",
+          stats["events_in_multiple_batches"] == 0 and stats["idempotency_conflicts"] == 0
+          and stats["gaps"] == 0 and stats["regressions"] == 0,
+          json.dumps({k: stats[k] for k in ("events_in_multiple_batches", "idempotency_conflicts", "gaps",
+                                            "regressions")}))
+    print(f"final: {sum(results)} passed, {len(results) - sum(results)} failed")
+    return 0 if all(results) else 1
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("command", choices=["drained", "acked-committed", "final"])
+    p.add_argument("--allowed", required=True, type=lambda s: s.split(","))
+    p.add_argument("--stranger")
+    p.add_argument("--gateway-db", required=True)
+    p.add_argument("--backend-db")
+    p.add_argument("--backend", default="scripts/backend/ferry-backend")
+    p.add_argument("--payload-bytes", type=int, default=20)
+    p.add_argument("--timeout", type=float, default=300)
+    args = p.parse_args()
+    return {"drained": cmd_drained, "acked-committed": cmd_acked_committed, "final": cmd_final}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
