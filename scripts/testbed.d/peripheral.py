@@ -1,0 +1,643 @@
+"""Emulated Sync peripherals (PROTOCOL.md §1-4, peripheral side) on one bumble LocalLink.
+
+One process hosts:
+  - a bumble controller attached to the kernel through /dev/vhci (it becomes hci0, driven by
+    the real bluetoothd), and
+  - M peripheral controllers on the same emulated link, each with a bumble Device serving the
+    Sync GATT service from a persistent, file-backed event store.
+
+The peripherals also check the gateway: every protocol violation is logged and counted in
+RESULTS/peripheral-<ADDR>.json, so a test can assert there were none. See Hardware/TESTBED.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import struct
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import syncproto as sp  # noqa: E402
+
+log = logging.getLogger("peripheral")
+
+# name -> (default value, meaning). A value is a probability per frame/notification, a count or a rate.
+FAULTS = {
+    "corrupt": (0.02, "flip one byte in a DATA frame with this probability per frame"),
+    "drop": (0.02, "drop a whole notification (all bytes in it) with this probability"),
+    "duplicate": (0.02, "send a DATA frame twice with this probability per frame"),
+    "oversize": (0.01, "insert a bogus header announcing 0xFFFF payload bytes before a frame, this probability"),
+    "unknown-type": (0.01, "insert a valid-CRC frame of type 0x7E before a frame, this probability"),
+    "disconnect": (50, "drop the link after this many DATA frames were sent on it, once per peripheral"),
+    "epoch-reset": (-1, "when the gateway has acked through this seq (default: all initial events): disconnect, "
+                        "wipe the store (new epoch), generate --events new events from seq 1; once"),
+    "regression": (-1, "when the gateway has acked through this seq (default: all initial events): disconnect, "
+                       "set head back to half of it (same epoch, new payload bytes); once"),
+    "silence": (1, "ignore this many SYNC_REQs (no DATA in answer)"),
+    "slow": (5, "pace notifications at this many per second, 20 bytes each (frames span notifications)"),
+}
+
+MAX_VIOLATIONS_LISTED = 200
+
+
+def parse_faults(items: list[str]) -> dict[str, float]:
+    faults: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in FAULTS:
+            raise SystemExit(f"unknown fault '{name}'; known: {', '.join(FAULTS)}")
+        try:
+            faults[name] = float(value) if value else float(FAULTS[name][0])
+        except ValueError:
+            raise SystemExit(f"fault {name}: value '{value}' is not a number")
+    return faults
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--peripherals", type=int, default=1)
+    p.add_argument("--events", type=int, default=0, help="events buffered in each store at start")
+    p.add_argument("--fault", action="append", default=[], help="NAME[=VALUE], repeatable; see --list-faults")
+    p.add_argument("--rate", type=float, default=0.0, help="live events per second per peripheral (0: none)")
+    p.add_argument("--payload-bytes", type=int, default=20)
+    p.add_argument("--notify-rate", type=float, default=250.0,
+                   help="max notifications per second per peripheral (TCG loses data above ~300/s)")
+    p.add_argument("--chunk", type=int, default=0, help="max bytes per notification (0: ATT MTU - 3)")
+    p.add_argument("--seed", type=int, default=1, help="fault RNG seed (the address is mixed in)")
+    p.add_argument("--max-window", type=int, default=65535, help="SYNC_REQ windows above this are violations")
+    p.add_argument("--adv-interval", type=float, default=100.0, help="advertising interval, ms")
+    p.add_argument("--stats-dir", default=".")
+    p.add_argument("--store-dir", default=None, help="default: STATS_DIR/store")
+    p.add_argument("--ready-file", default=None)
+    p.add_argument("--control", default=None, help="FIFO accepting control lines (see TESTBED.md)")
+    p.add_argument("--vhci", default="vhci")
+    p.add_argument("--check-args", action="store_true", help="validate the options and exit")
+    p.add_argument("--list-faults", action="store_true")
+    return p
+
+
+def address_of(index: int) -> str:
+    # Static random addresses (two top bits set): BlueZ treats them as stable identities.
+    return f"C0:FF:EE:00:{index >> 8:02X}:{index & 0xFF:02X}"
+
+
+def adv_data(name: str) -> bytes:
+    flags = bytes([2, 0x01, 0x06])  # LE General Discoverable, BR/EDR not supported
+    uuid_le = uuid.UUID(sp.SYNC_SERVICE_UUID).bytes[::-1]
+    uuids = bytes([17, 0x07]) + uuid_le
+    return flags + uuids
+
+
+def scan_response(name: str) -> bytes:
+    raw = name.encode()[:29]
+    return bytes([len(raw) + 1, 0x09]) + raw
+
+
+@dataclass
+class OutFrame:
+    data: bytes
+    seq: int | None  # None: injected noise, not an event
+    intact: bool
+    sent: int = 0
+
+
+@dataclass
+class Session:
+    """One gateway connection."""
+    connection: object
+    subscribed: bool = False
+    requested: bool = False
+    ack_base: int = 0
+    window: int = 0
+    next_seq: int = 1
+    out: list[OutFrame] = field(default_factory=list)
+    frames_sent: int = 0
+
+
+class SyncPeripheral:
+    def __init__(self, index: int, args, faults: dict[str, float], store_dir: str):
+        self.index = index
+        self.address = address_of(index)
+        self.name = f"Ferry-P{index:02d}"
+        self.args = args
+        self.faults = faults
+        self.rng = random.Random(args.seed * 1000003 + index)
+        self.store_path = os.path.join(store_dir, f"peripheral-{self.address}.json")
+        self.store = sp.EventStore(self.store_path, args.payload_bytes)
+        if self.store.head == 0 and args.events:
+            self.store.append(args.events)
+        self.initial_events = args.events
+        self.stats_path = os.path.join(args.stats_dir, f"peripheral-{self.address}.json")
+        self.sessions: dict[int, Session] = {}
+        self.wake = asyncio.Event()
+        self.device = None
+        self.data_char = None
+        # Seqs delivered intact at least once in the current epoch/generation: the gateway may
+        # only acknowledge these (or what this store no longer has).
+        self.intact_sent: set[int] = set()
+        self.highest_sent = 0
+        self.silence_left = int(faults.get("silence", 0))
+        self.disconnect_done = False
+        self.reset_done = False
+        self.regress_done = False
+        self.stats = {
+            "address": self.address, "events_generated": self.store.head, "frames_sent": 0,
+            "frames_sent_intact": 0, "notifications_sent": 0, "notifications_dropped": 0, "bytes_sent": 0,
+            "sync_reqs_received": 0, "acks_received": 0, "highest_ack": 0, "deleted": 0,
+            "connections": 0, "disconnections": 0, "subscriptions": 0, "mtu": 0,
+            "faults_injected": {}, "violations": 0, "violation_list": [],
+        }
+        self.dirty = True
+
+    # ------------------------------------------------------------- bookkeeping
+
+    def violation(self, kind: str, detail: str) -> None:
+        self.stats["violations"] += 1
+        if len(self.stats["violation_list"]) < MAX_VIOLATIONS_LISTED:
+            self.stats["violation_list"].append({"kind": kind, "detail": detail, "t": round(time.time(), 3)})
+        log.warning("%s VIOLATION %s: %s", self.address, kind, detail)
+        self.dirty = True
+
+    def fault(self, name: str) -> None:
+        fi = self.stats["faults_injected"]
+        fi[name] = fi.get(name, 0) + 1
+
+    def chance(self, name: str) -> bool:
+        p = self.faults.get(name)
+        return p is not None and self.rng.random() < p
+
+    def snapshot(self) -> dict:
+        s = dict(self.stats)
+        s.update({"epoch": str(self.store.epoch), "head": self.store.head, "oldest": self.store.oldest,
+                  "generation": self.store.generation, "highest_sent": self.highest_sent,
+                  "connected": len(self.sessions), "faults": self.faults, "updated_at": round(time.time(), 3)})
+        return s
+
+    def write_stats(self) -> None:
+        tmp = self.stats_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.snapshot(), f, indent=1)
+        os.replace(tmp, self.stats_path)
+        self.dirty = False
+
+    # ------------------------------------------------------------- GATT
+
+    async def start(self, link):
+        from bumble.controller import Controller
+        from bumble.device import Device
+        from bumble.gatt import Characteristic, CharacteristicValue, Service
+        from bumble.hci import Address
+        from bumble.host import Host
+        from bumble.transport.common import AsyncPipeSink
+
+        controller = Controller(f"periph-{self.index}", link=link)
+        host = Host(controller, AsyncPipeSink(controller))
+        device = Device(name=self.name, address=Address(self.address, Address.RANDOM_DEVICE_ADDRESS), host=host)
+        self.device = device
+        self.data_char = Characteristic(sp.DATA_UUID, Characteristic.Properties.NOTIFY,
+                                        Characteristic.READABLE, b"")
+        control = Characteristic(
+            sp.CONTROL_UUID,
+            Characteristic.Properties.WRITE | Characteristic.Properties.WRITE_WITHOUT_RESPONSE,
+            Characteristic.WRITEABLE, CharacteristicValue(write=self.on_control_write))
+        info = Characteristic(sp.STREAM_INFO_UUID, Characteristic.Properties.READ, Characteristic.READABLE,
+                              CharacteristicValue(read=lambda _conn: self.store.stream_info()))
+        device.add_service(Service(sp.SYNC_SERVICE_UUID, [self.data_char, control, info]))
+        self.data_char.on("subscription", self.on_subscription)
+        device.on("connection", self.on_connection)
+        await device.power_on()
+        await device.start_advertising(
+            auto_restart=True, advertising_data=adv_data(self.name), scan_response_data=scan_response(self.name),
+            advertising_interval_min=self.args.adv_interval, advertising_interval_max=self.args.adv_interval)
+        asyncio.get_running_loop().create_task(self.sender())
+        if self.args.rate > 0:
+            asyncio.get_running_loop().create_task(self.live_events())
+        log.info("%s advertising (epoch %d, head %d, oldest %d)", self.address, self.store.epoch,
+                 self.store.head, self.store.oldest)
+
+    def on_connection(self, connection):
+        self.stats["connections"] += 1
+        self.sessions[connection.handle] = Session(connection)
+        log.info("%s connected by %s (handle %d)", self.address, connection.peer_address, connection.handle)
+        self.dirty = True
+
+        def on_disconnection(reason):
+            self.sessions.pop(connection.handle, None)
+            self.stats["disconnections"] += 1
+            self.dirty = True
+            log.info("%s disconnected (reason 0x%02x)", self.address, reason)
+
+        def on_mtu():
+            self.stats["mtu"] = connection.att_mtu
+
+        connection.on("disconnection", on_disconnection)
+        connection.on("connection_att_mtu_update", on_mtu)
+
+    def on_subscription(self, connection, notify_enabled, indicate_enabled):
+        session = self.sessions.get(getattr(connection, "handle", None))
+        if session is None:
+            return
+        session.subscribed = bool(notify_enabled or indicate_enabled)
+        self.stats["subscriptions"] += 1
+        log.info("%s DATA notifications %s", self.address, "on" if session.subscribed else "off")
+        self.wake.set()
+
+    def on_control_write(self, connection, value: bytes):
+        session = self.sessions.get(connection.handle)
+        if session is None:
+            return
+        value = bytes(value)
+        try:
+            frame = sp.decode_single(value)
+        except sp.FrameError as e:
+            self.violation("malformed_write", f"{e}: {value.hex()}")
+            return
+        if frame.type == sp.TYPE_SYNC_REQ:
+            self.on_sync_req(session, frame)
+        elif frame.type == sp.TYPE_SYNC_ACK:
+            self.on_sync_ack(session, frame)
+        else:
+            self.violation("malformed_write", f"frame type 0x{frame.type:02x} is not SYNC_REQ/SYNC_ACK: {value.hex()}")
+
+    def on_sync_req(self, session: Session, frame: sp.Frame) -> None:
+        self.stats["sync_reqs_received"] += 1
+        self.dirty = True
+        if len(frame.payload) != 2:
+            self.violation("malformed_write", f"SYNC_REQ payload is {len(frame.payload)} bytes, expected 2")
+            return
+        (window,) = struct.unpack(">H", frame.payload)
+        if window == 0 or window > self.args.max_window:
+            self.violation("window_invalid", f"SYNC_REQ window {window} (allowed 1..{self.args.max_window})")
+            return
+        if frame.seq > self.store.head:
+            self.violation("req_beyond_head", f"SYNC_REQ last={frame.seq} > head {self.store.head}")
+        log.info("%s SYNC_REQ last=%d window=%d (oldest %d head %d)", self.address, frame.seq, window,
+                 self.store.oldest, self.store.head)
+        if self.silence_left > 0:
+            self.silence_left -= 1
+            self.fault("silence")
+            log.info("%s fault silence: ignoring this SYNC_REQ", self.address)
+            return
+        session.requested = True
+        session.window = window
+        # Events the store no longer has cannot be sent: the window counts from what is retained.
+        session.ack_base = max(frame.seq, self.store.deleted_through)
+        session.next_seq = session.ack_base + 1
+        # A new request replaces the old replay: unsent frames go, a frame already started finishes.
+        session.out = [f for f in session.out if f.sent > 0]
+        self.wake.set()
+
+    def on_sync_ack(self, session: Session, frame: sp.Frame) -> None:
+        self.stats["acks_received"] += 1
+        self.dirty = True
+        if frame.payload:
+            self.violation("malformed_write", f"SYNC_ACK with {len(frame.payload)} payload bytes")
+            return
+        ack = frame.seq
+        if ack > self.highest_sent:
+            self.violation("ack_beyond_sent", f"SYNC_ACK {ack} > highest seq sent {self.highest_sent}")
+        else:
+            for s in range(self.store.deleted_through + 1, min(ack, self.store.head) + 1):
+                if s not in self.intact_sent:
+                    self.violation("ack_of_unreceived",
+                                   f"SYNC_ACK {ack} covers seq {s}, which was never delivered intact")
+                    break
+        self.stats["highest_ack"] = max(self.stats["highest_ack"], ack)
+        deleted = self.store.delete_through(ack)
+        self.stats["deleted"] += deleted
+        session.ack_base = max(session.ack_base, ack)
+        self.intact_sent = {s for s in self.intact_sent if s > self.store.deleted_through}
+        self.wake.set()
+        self.check_store_faults(ack)
+
+    def check_store_faults(self, ack: int) -> None:
+        threshold = lambda name: int(self.faults[name]) if self.faults[name] >= 0 else self.initial_events  # noqa: E731
+        if "epoch-reset" in self.faults and not self.reset_done and ack >= threshold("epoch-reset"):
+            self.reset_done = True
+            self.fault("epoch-reset")
+            asyncio.get_running_loop().create_task(self.store_change(self.do_epoch_reset))
+        elif "regression" in self.faults and not self.regress_done and ack >= threshold("regression"):
+            self.regress_done = True
+            self.fault("regression")
+            asyncio.get_running_loop().create_task(
+                self.store_change(lambda: self.do_regress(threshold("regression") // 2)))
+
+    async def store_change(self, change) -> None:
+        await self.disconnect_all()
+        change()
+        self.dirty = True
+
+    def do_epoch_reset(self) -> None:
+        self.store.wipe()
+        self.store.append(self.initial_events)
+        self.stats["events_generated"] += self.initial_events
+        self.intact_sent.clear()
+        self.highest_sent = 0
+        log.info("%s fault epoch-reset: new epoch %d head %d", self.address, self.store.epoch, self.store.head)
+
+    def do_regress(self, new_head: int) -> None:
+        self.store.regress(new_head)
+        self.intact_sent.clear()
+        self.highest_sent = min(self.highest_sent, new_head)
+        log.info("%s fault regression: head back to %d", self.address, new_head)
+
+    def do_restart(self) -> None:
+        """Reload the store from its file, as a rebooted peripheral would."""
+        self.store = sp.EventStore(self.store_path, self.args.payload_bytes)
+        log.info("%s restarted from %s (epoch %d head %d oldest %d)", self.address, self.store_path,
+                 self.store.epoch, self.store.head, self.store.oldest)
+
+    async def disconnect_all(self) -> None:
+        for session in list(self.sessions.values()):
+            try:
+                await asyncio.wait_for(session.connection.disconnect(), 5)
+            except Exception as e:  # the link may already be gone; the fault still happened
+                log.info("%s disconnect: %r", self.address, e)
+            self.sessions.pop(session.connection.handle, None)
+
+    # ------------------------------------------------------------- sending
+
+    def refill(self, session: Session) -> None:
+        limit = min(self.store.head, session.ack_base + session.window)
+        # Keep only a little queued so a new SYNC_REQ takes effect quickly.
+        while session.next_seq <= limit and len(session.out) < 64:
+            seq = session.next_seq
+            if not self.store.retained(seq):
+                session.next_seq = max(seq + 1, self.store.deleted_through + 1)
+                continue
+            frame = sp.data_frame(seq, self.store.payload(seq))
+            if self.chance("oversize"):
+                self.fault("oversize")
+                bogus = bytes([sp.MAGIC, sp.TYPE_DATA]) + struct.pack(">QH", seq, 0xFFFF) + bytes(8)
+                session.out.append(OutFrame(bogus, None, True))
+            if self.chance("unknown-type"):
+                self.fault("unknown-type")
+                session.out.append(OutFrame(sp.encode_frame(0x7E, seq, b"unknown"), None, True))
+            if self.chance("corrupt"):
+                self.fault("corrupt")
+                damaged = bytearray(frame)
+                damaged[self.rng.randrange(1, len(damaged))] ^= 1 << self.rng.randrange(8)
+                session.out.append(OutFrame(bytes(damaged), seq, False))
+            else:
+                session.out.append(OutFrame(frame, seq, True))
+            if self.chance("duplicate"):
+                self.fault("duplicate")
+                session.out.append(OutFrame(frame, seq, True))
+            session.next_seq += 1
+
+    def take_chunk(self, session: Session, size: int) -> tuple[bytes, list[OutFrame]]:
+        chunk = bytearray()
+        touched: list[OutFrame] = []
+        for f in session.out:
+            if len(chunk) >= size:
+                break
+            n = min(size - len(chunk), len(f.data) - f.sent)
+            chunk += f.data[f.sent:f.sent + n]
+            f.sent += n
+            touched.append(f)
+        return bytes(chunk), touched
+
+    async def sender(self) -> None:
+        while True:
+            # Cleared before the work, not after: a wake-up set while a notification is
+            # awaited must not be lost (it would stall the link for the 0.5 s timeout).
+            self.wake.clear()
+            busy = False
+            for session in list(self.sessions.values()):
+                if session.subscribed and session.requested:
+                    busy |= await self.send_one(session)
+            if "slow" in self.faults:
+                await asyncio.sleep(1.0 / max(self.faults["slow"], 0.1))
+            elif busy:
+                await asyncio.sleep(1.0 / self.args.notify_rate)
+            else:
+                try:
+                    await asyncio.wait_for(self.wake.wait(), 0.5)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def send_one(self, session: Session) -> bool:
+        self.refill(session)
+        if not session.out:
+            return False
+        mtu_payload = session.connection.att_mtu - 3
+        size = mtu_payload if self.args.chunk <= 0 else min(self.args.chunk, mtu_payload)
+        if "slow" in self.faults:
+            size = min(size, 20)
+        chunk, touched = self.take_chunk(session, size)
+        dropped = self.chance("drop")
+        if dropped:
+            self.fault("drop")
+            self.stats["notifications_dropped"] += 1
+            for f in touched:
+                f.intact = False
+        else:
+            try:
+                await self.device.notify_subscriber(session.connection, self.data_char, chunk)
+            except Exception as e:
+                log.info("%s notify failed: %r", self.address, e)
+                return False
+            self.stats["notifications_sent"] += 1
+            self.stats["bytes_sent"] += len(chunk)
+        for f in touched:
+            if f.sent == len(f.data):
+                if f.seq is not None:
+                    self.stats["frames_sent"] += 1
+                    self.highest_sent = max(self.highest_sent, f.seq)
+                    session.frames_sent += 1
+                    if f.intact:
+                        self.stats["frames_sent_intact"] += 1
+                        self.intact_sent.add(f.seq)
+        session.out = [f for f in session.out if f.sent < len(f.data)]
+        self.dirty = True
+        if ("disconnect" in self.faults and not self.disconnect_done
+                and session.frames_sent >= int(self.faults["disconnect"])):
+            self.disconnect_done = True
+            self.fault("disconnect")
+            log.info("%s fault disconnect after %d frames", self.address, session.frames_sent)
+            await self.disconnect_all()
+        return True
+
+    async def live_events(self) -> None:
+        # Batches at most every 20 ms: per-event timers would swamp an emulated CPU.
+        tick = max(1.0 / self.args.rate, 0.02)
+        owed = 0.0
+        while True:
+            await asyncio.sleep(tick)
+            owed += self.args.rate * tick
+            n = int(owed)
+            if n:
+                owed -= n
+                self.store.append(n)
+                self.stats["events_generated"] += n
+                self.dirty = True
+                self.wake.set()
+
+    # ------------------------------------------------------------- control
+
+    async def control(self, words: list[str]) -> None:
+        cmd = words[0]
+        if cmd == "disconnect":
+            await self.disconnect_all()
+        elif cmd == "restart":
+            await self.disconnect_all()
+            self.do_restart()
+        elif cmd == "add":
+            n = int(words[1]) if len(words) > 1 else 1
+            self.store.append(n)
+            self.stats["events_generated"] += n
+            self.wake.set()
+        elif cmd == "wipe":
+            await self.store_change(self.do_epoch_reset)
+        elif cmd == "regress":
+            new_head = int(words[1])
+            await self.store_change(lambda: self.do_regress(new_head))
+        else:
+            log.warning("unknown control command %r", words)
+        self.dirty = True
+
+
+def make_link_and_controller_classes():
+    """The two bumble fixes this bed needs (see Hardware/TESTBED.md, 'bumble pitfalls')."""
+    from bumble import core, hci
+    from bumble.controller import Controller
+    from bumble.link import LocalLink
+
+    class RoutingLink(LocalLink):
+        # LocalLink addresses LE ACL data with the sender's *random* address, but the kernel
+        # scans with a random address and connects with its public one: route by the
+        # connection's own address instead, or every peripheral drops the data.
+        def send_acl_data(self, sender_controller, destination_address, transport, data):
+            if transport == core.PhysicalTransport.LE:
+                conn = sender_controller.le_connections.get(destination_address)
+                if conn is not None:
+                    dest = self.find_le_controller(destination_address)
+                    if dest is not None:
+                        src = conn.self_address
+                        asyncio.get_running_loop().call_soon(
+                            lambda: dest.on_link_acl_data(src, transport, data))
+                    return
+            super().send_acl_data(sender_controller, destination_address, transport, data)
+
+    class KernelFacingController(Controller):
+        # Linux 6.1 unmasks LE Enhanced Connection Complete (LE event mask bit 9) and waits
+        # for it; bumble only sends the legacy event, which leaves the kernel's connect
+        # pending until it times out (then every later Connect fails with EBUSY).
+        def send_hci_packet(self, packet):
+            if isinstance(packet, hci.HCI_LE_Connection_Complete_Event) and (self.le_event_mask >> 9) & 1:
+                packet = hci.HCI_LE_Enhanced_Connection_Complete_Event(
+                    status=packet.status, connection_handle=packet.connection_handle, role=packet.role,
+                    peer_address_type=packet.peer_address_type, peer_address=packet.peer_address,
+                    local_resolvable_private_address=hci.Address.ANY_RANDOM,
+                    peer_resolvable_private_address=hci.Address.ANY_RANDOM,
+                    connection_interval=packet.connection_interval,
+                    peripheral_latency=packet.peripheral_latency,
+                    supervision_timeout=packet.supervision_timeout,
+                    central_clock_accuracy=packet.central_clock_accuracy)
+            super().send_hci_packet(packet)
+
+    return RoutingLink, KernelFacingController
+
+
+def control_reader(path: str, loop, peripherals: dict[str, SyncPeripheral]) -> None:
+    """Thread: line commands from a FIFO, e.g. `restart C0:FF:EE:00:00:01` or `add all 100`."""
+    fd = os.open(path, os.O_RDWR)  # RDWR: no EOF when the last writer closes
+    with os.fdopen(fd, "r") as f:
+        for line in f:
+            words = line.split()
+            if len(words) < 2:
+                if words:
+                    log.warning("control: expected 'COMMAND ADDR|all [ARG]', got %r", line)
+                continue
+            cmd, target, rest = words[0], words[1].upper(), words[2:]
+            targets = list(peripherals.values()) if target == "ALL" else [peripherals.get(target)]
+            for p in targets:
+                if p is None:
+                    log.warning("control: no peripheral %s", target)
+                    continue
+                asyncio.run_coroutine_threadsafe(p.control([cmd] + rest), loop)
+
+
+async def run(args, faults) -> None:
+    from bumble.transport import open_transport
+
+    RoutingLink, KernelFacingController = make_link_and_controller_classes()
+    store_dir = args.store_dir or os.path.join(args.stats_dir, "store")
+    os.makedirs(store_dir, exist_ok=True)
+    os.makedirs(args.stats_dir, exist_ok=True)
+    link = RoutingLink()
+    peripherals: dict[str, SyncPeripheral] = {}
+    for i in range(1, args.peripherals + 1):
+        p = SyncPeripheral(i, args, faults, store_dir)
+        await p.start(link)
+        peripherals[p.address] = p
+    # hci0 appears only now, with every peripheral already advertising: the kernel's first
+    # HCI commands then meet an idle event loop (slow imports under TCG would delay them).
+    vhci_path = args.vhci.partition(":")[2] or "/dev/vhci"
+    for _ in range(600):
+        if os.path.exists(vhci_path):
+            break
+        await asyncio.sleep(0.1)
+    transport = await open_transport(args.vhci)
+    # A non-zero public address: the adapter's identity on D-Bus.
+    kernel_controller = KernelFacingController(
+        "hci-vhci", host_source=transport.source, host_sink=transport.sink, link=link,
+        public_address="F0:E0:D0:00:00:01")
+    for p in peripherals.values():
+        p.write_stats()
+    loop = asyncio.get_running_loop()
+    if args.control:
+        threading.Thread(target=control_reader, args=(args.control, loop, peripherals), daemon=True).start()
+    if args.ready_file:
+        with open(args.ready_file, "w") as f:
+            f.write(" ".join(peripherals) + "\n")
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("ready: %d peripheral(s), %d event(s) each, faults %s", len(peripherals), args.events, faults or "none")
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except asyncio.TimeoutError:
+            pass
+        for p in peripherals.values():
+            if p.dirty:
+                p.write_stats()
+    for p in peripherals.values():
+        p.write_stats()
+    log.info("stopped; final stats written")
+    del kernel_controller
+    await transport.close()
+
+
+def main() -> None:
+    args = build_arg_parser().parse_args()
+    if args.list_faults:
+        for name, (default, meaning) in FAULTS.items():
+            print(f"{name:14} default {default:>6}  {meaning}")
+        return
+    faults = parse_faults(args.fault)
+    if not 0 <= args.peripherals <= 250 or args.events < 0 or args.rate < 0 or args.notify_rate <= 0:
+        raise SystemExit("invalid counts or rates")
+    if not 0 <= args.payload_bytes <= 4096:
+        raise SystemExit("--payload-bytes must be 0..4096")
+    if args.check_args:
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03d %(name)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    logging.getLogger("bumble").setLevel(os.environ.get("TESTBED_BUMBLE_LOG", "WARNING"))
+    asyncio.run(run(args, faults))
+
+
+if __name__ == "__main__":
+    main()
