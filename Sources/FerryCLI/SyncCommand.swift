@@ -126,7 +126,9 @@ enum SyncCommand {
         let device: BlueZDevice
         do {
             device = try await connector.connect(policy: &policy, connectTimeout: min(remaining(), .seconds(35)))
-        } catch let error as BlueZError where error.kind == .timeout || error.kind == .unknownObject {
+        } catch let error as BlueZError
+            where error.kind == .timeout || error.kind == .unknownObject || error.kind == .notFound
+        {
             throw CommandFailure("device \(address) not found on \(adapter.name): \(error)")
         } catch {
             throw CommandFailure("cannot connect to \(address): \(error)")
