@@ -22,7 +22,8 @@ enum SyncCommand {
           --notify MODE      acquire (AcquireNotify, falling back to StartNotify; default) | start (StartNotify)
           --bus ADDRESS      D-Bus address of the bus bluetoothd is on (default: the system bus)
           --json             print one JSON object: {"address","result","frames_stored","duplicates","gaps",
-                             "regressions","corrupt","epoch","cursor","notify_path","mtu","duration_seconds"}
+                             "regressions","corrupt","crc_mismatches","stalls","epoch","cursor","notify_path","mtu",
+                             "duration_seconds"}
           --verbose          log connection steps on stderr
 
         Exit status: 0 caught up; 1 failed (adapter missing, device not found, not a Sync peripheral, timeout,
@@ -66,6 +67,7 @@ enum SyncCommand {
                     ("address", .string(address.string)), ("result", .string(outcome.result)),
                     ("frames_stored", .int(s.framesStored)), ("duplicates", .int(s.duplicates)),
                     ("gaps", .int(s.gapsRecorded)), ("regressions", .int(s.regressions)), ("corrupt", .int(s.corrupt)),
+                    ("crc_mismatches", .int(outcome.decoder.crcMismatches)), ("stalls", .int(outcome.decoder.stalls)),
                     ("epoch", .string(String(s.epoch))), ("cursor", .string(String(s.cursor))),
                     ("notify_path", .string(outcome.notifyPath)), ("mtu", outcome.mtu.map { .int(Int($0)) } ?? .null),
                     ("duration_seconds", .double((outcome.seconds * 1000).rounded() / 1000)),
@@ -85,6 +87,9 @@ enum SyncCommand {
 
     struct Outcome: Sendable {
         var summary: SyncSummary
+        /// Why bytes were discarded (CRC mismatch vs. a partial frame dropped when DATA went idle): tells a
+        /// damaged stream from a stalled one.
+        var decoder: FrameDecoder.Statistics
         var result: String
         var notifyPath: String
         var mtu: UInt16?
@@ -181,7 +186,7 @@ enum SyncCommand {
         default: result = runner.summary.backpressure ? "store over its disk budget" : reason
         }
         return Outcome(
-            summary: runner.summary, result: result, notifyPath: transport.notifyMethod?.rawValue ?? "none",
-            mtu: transport.mtu, seconds: seconds())
+            summary: runner.summary, decoder: runner.machine.decoder.statistics, result: result,
+            notifyPath: transport.notifyMethod?.rawValue ?? "none", mtu: transport.mtu, seconds: seconds())
     }
 }
