@@ -17,7 +17,6 @@ enum ForwardCommand {
           --db PATH             the gateway store
           --endpoint URL        https://… (http:// only for loopback tests)
           --token-file F        bearer token, one line; must not be readable by group/others (chmod 600)
-          --ca-file F           PEM bundle of CAs to trust instead of the system's (a private backend CA)
           --gateway-id ID       the "gateway" field of every body (default: the host name)
           --until-empty         exit once no PENDING or IN_FLIGHT event remains (waits through backoff):
                                 exit 0 if all delivered, 3 if some events are FAILED
@@ -29,13 +28,16 @@ enum ForwardCommand {
                                 default auto; bodies under 1 KiB are never compressed
           --json                print the run's report as one JSON object
           --verbose             log every retry and pause on stderr
+
+        Certificates are verified against the system's CA store; a private backend CA goes there (or is bound
+        over /etc/ssl/certs/ca-certificates.crt by systemd's BindReadOnlyPaths=): see docs/UPLINK.md.
         """
 
     static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
         let args = try ParsedArguments(
             arguments, command: "forward",
             options: [
-                "--db", "--endpoint", "--token-file", "--ca-file", "--gateway-id", "--max-in-flight",
+                "--db", "--endpoint", "--token-file", "--gateway-id", "--max-in-flight",
                 "--batch-events", "--timeout", "--max-retries", "--gzip",
             ],
             flags: ["--until-empty", "--json", "--verbose"])
@@ -55,14 +57,6 @@ enum ForwardCommand {
         case "auto": compression = .whenAdvertised(minimumBytes: 1024)
         case "always": compression = .always(minimumBytes: 1024)
         case let other: throw UsageError("--gzip must be never, auto or always, got '\(other)'")
-        }
-        if let caFile = args.values["--ca-file"] {
-            guard FileManager.default.isReadableFile(atPath: caFile) else {
-                throw CommandFailure("cannot read CA file \(caFile)")
-            }
-            // swift-corelibs-foundation hands this file to libcurl (CURLOPT_CAINFO) for every URLSession;
-            // it must be set before the first session exists.
-            setenv("URLSessionCertificateAuthorityInfoFile", caFile, 1)
         }
         let tokenFile = args.values["--token-file"].map { TokenFile(path: $0) }
         if let tokenFile {

@@ -102,9 +102,12 @@ public struct SyncSession: Sendable {
     /// A gap to commit in front of `staged` (decided by the first DATA after a re-request).
     private var stagedGap: ClosedRange<UInt64>?
     private var commitInFlight: CommitBatch?
+    /// Consecutive re-requested replays whose first DATA skipped past the cursor again.
+    private var replaysSkippingGap = 0
     private var afterCommit: AfterCommit = .nothing
     /// Set after a gap re-request: the first DATA decides whether the loss was in transit or is real.
     private var awaitingReplayDecision = false
+    /// When DATA bytes last arrived (or a SYNC_REQ went out): the reference for every idle decision.
     private var lastDataAt: Double = 0
     /// When the last SYNC_REQ or SYNC_ACK went out while more DATA was expected (nil: not waiting).
     private var waitingSince: Double?
@@ -112,6 +115,8 @@ public struct SyncSession: Sendable {
     /// STREAM_INFO's oldest retained seq, from the latest read.
     private var lastInfoOldest: UInt64 = 0
     public private(set) var isCaughtUp = false
+    /// The seq named by this session's latest SYNC_ACK (nil: none sent yet).
+    private var lastAcknowledged: UInt64?
     /// Set once the owner stops the session (shutdown): no more frames are taken.
     private var stopping = false
 
@@ -186,13 +191,18 @@ public struct SyncSession: Sendable {
             // The peripheral already lost events we never received: record the gap first, then ask from it.
             return actions + commitGap(gap, then: .requestFromCursor)
         }
+        if cursor > 0 {
+            // Acknowledge the stored cursor first: frames the last session committed without an ACK (its
+            // link dropped) are still counted against the peripheral's window, and a peripheral that
+            // measures the window from its last ACK would otherwise never send past it. The cursor came
+            // from the store, so this names nothing uncommitted.
+            actions += acknowledge(cursor, now: now)
+        }
         actions += sendRequest(now: now)
         if let head = knownHead, head <= cursor {
-            // Nothing to replay: the final SYNC_ACK names what is already stored.
-            statistics.acks += 1
+            // Nothing to replay: the final SYNC_ACK (from caughtUpActions) names what is already stored.
             waitingSince = nil
             isCaughtUp = true
-            actions.append(.sendSyncAck(cursor))
             actions += caughtUpActions()
         }
         return actions
@@ -201,6 +211,9 @@ public struct SyncSession: Sendable {
     /// A chunk of the DATA byte stream (one notification, or one read from the AcquireNotify fd).
     public mutating func bytesReceived(_ bytes: [UInt8], now: Double) -> [SyncAction] {
         guard phase != .closed, phase != .notStarted, !stopping else { return [] }
+        // Idle means no BYTES: a big frame on a small-MTU link spans many notifications and may take longer
+        // than the idle timeout; keying idle on whole frames would "resolve a stall" in the middle of it.
+        if !bytes.isEmpty { lastDataAt = now }
         var actions: [SyncAction] = []
         var frames: [Frame] = []
         decoder.feed(bytes) { frames.append($0) }
@@ -219,16 +232,22 @@ public struct SyncSession: Sendable {
         statistics.committedFrames += batch.frames.count
         if batch.gap != nil { statistics.gapsRecorded += 1 }
         var actions: [SyncAction] = []
-        if batch.acknowledge && phase != .closed {
+        // No ACK when a gap re-request follows: an ACK opens the peripheral's window, and the old replay's
+        // next frames would then arrive after our SYNC_REQ and look like "the replay skipped again" — a
+        // GAP over events the peripheral still has (the SYNC_REQ carries the committed cursor anyway).
+        let reRequestFollows = afterCommit == .resolveGap || afterCommit == .requestFromCursor
+        if batch.acknowledge && phase != .closed && !reRequestFollows {
             actions += acknowledge(cursor, now: now)
         }
         let mustFlush = phase != .streaming || afterCommit != .nothing || stopping
         if !staged.isEmpty && (staged.count >= configuration.ackBatch || mustFlush) {
-            actions += commitStaged(acknowledge: phase != .closed)
+            actions += commitStaged(acknowledge: phase != .closed && !reRequestFollows)
             return actions
         }
         let next = afterCommit
         afterCommit = .nothing
+        // The link is gone: a pending gap resolution or re-request must not touch it.
+        if phase == .closed { return actions }
         switch next {
         case .nothing:
             if phase == .streaming { actions += checkCaughtUp(now: now) }
@@ -239,7 +258,11 @@ public struct SyncSession: Sendable {
             if let head = knownHead, committedCursor >= head {
                 actions += checkCaughtUp(now: now)
             } else {
+                // SYNC_REQ first, THEN the ACK of the recorded gap: a peripheral that measures its window
+                // from the last ACK cannot send past a gap longer than the window without it, and once the
+                // SYNC_REQ has reset its replay the opened window cannot release old-replay frames.
                 actions += sendRequest(now: now)
+                actions += acknowledge(committedCursor, now: now)
             }
         case .disconnect(let reason):
             actions += close(reason)
@@ -301,10 +324,17 @@ public struct SyncSession: Sendable {
     public var nextDeadline: Double? {
         guard phase != .closed, phase != .notStarted else { return nil }
         var deadlines: [Double] = []
-        if !staged.isEmpty || decoder.bufferedByteCount > 0 || phase == .draining {
+        // Only deadlines whose handler would act: a past deadline that changes nothing (e.g. idle while a
+        // commit is in flight) would make an owner that re-arms its timer spin until the commit finishes.
+        let idleWouldAct =
+            decoder.bufferedByteCount > 0 || (commitInFlight == nil && !staged.isEmpty)
+            || (phase == .draining && afterCommit != .resolveGap)
+        if idleWouldAct {
             deadlines.append(lastDataAt + configuration.idleTimeout)
         }
-        if let since = waitingSince, phase == .streaming {
+        if let since = waitingSince, phase == .streaming, commitInFlight == nil, staged.isEmpty,
+            decoder.bufferedByteCount == 0
+        {
             deadlines.append(since + configuration.responseTimeout)
         }
         return deadlines.min()
@@ -342,16 +372,23 @@ public struct SyncSession: Sendable {
             return []
         case .next:
             awaitingReplayDecision = false
+            replaysSkippingGap = 0
             return stage(frame)
         case .gap(let first, let last):
-            if awaitingReplayDecision {
-                // The re-requested replay skipped again: those events are gone. Record the gap and accept.
-                awaitingReplayDecision = false
-                stagedGap = first...last
-                statistics.gapsDetected += 1
-                return stage(frame)
-            }
             statistics.gapsDetected += 1
+            if awaitingReplayDecision {
+                awaitingReplayDecision = false
+                replaysSkippingGap += 1
+                if replaysSkippingGap >= configuration.maxRequestAttempts {
+                    // Replay after replay skips it: those events are gone. Record the gap and accept.
+                    replaysSkippingGap = 0
+                    stagedGap = first...last
+                    return stage(frame)
+                }
+                // One skipped replay is not proof: the replay's first notification can be lost in transit
+                // too, and recording a GAP here would ACK past events the peripheral still holds (it then
+                // deletes them). Drain and re-request; with STREAM_INFO the re-read `oldest` decides.
+            }
             phase = .draining
             return []
         }
@@ -387,11 +424,13 @@ public struct SyncSession: Sendable {
         stagedGap = gap
         stagedCursor = gap.upperBound
         afterCommit = next
-        return commitStaged(acknowledge: true)
+        // The SYNC_REQ that follows names the new cursor; an ACK before it would only open the old window.
+        return commitStaged(acknowledge: false)
     }
 
     private mutating func acknowledge(_ cursor: UInt64, now: Double) -> [SyncAction] {
         statistics.acks += 1
+        lastAcknowledged = cursor
         waitingSince = hasMoreExpected ? now : nil
         return [.sendSyncAck(cursor)]
     }
@@ -423,7 +462,7 @@ public struct SyncSession: Sendable {
                 afterCommit = .resolveGap
             } else if !staged.isEmpty {
                 afterCommit = .resolveGap
-                actions += commitStaged(acknowledge: true)
+                actions += commitStaged(acknowledge: false)
             } else {
                 actions += startGapResolution(now: now)
             }
@@ -509,7 +548,15 @@ public struct SyncSession: Sendable {
     }
 
     private mutating func caughtUpActions() -> [SyncAction] {
-        var actions: [SyncAction] = [.caughtUp(cursor: committedCursor)]
+        var actions: [SyncAction] = []
+        // PROTOCOL §4 step 7: a final SYNC_ACK. Needed when this session acknowledged nothing yet (the last
+        // session's frames were committed without ACK when its link dropped; no STREAM_INFO; a gap commit).
+        if lastAcknowledged != committedCursor {
+            statistics.acks += 1
+            lastAcknowledged = committedCursor
+            actions.append(.sendSyncAck(committedCursor))
+        }
+        actions.append(.caughtUp(cursor: committedCursor))
         if !configuration.stayConnected {
             actions += close(.caughtUp)
         }

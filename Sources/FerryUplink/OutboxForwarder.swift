@@ -90,8 +90,7 @@ public actor OutboxForwarder {
             var inFlight = 0
             while !Task.isCancelled {
                 let now = wallClock.nowMillis()
-                if now >= pausedUntil {
-                    if !tokenLoaded { try loadToken() }
+                if now >= pausedUntil, tokenLoaded || reloadToken(now: now) {
                     while inFlight < configuration.maxInFlight, !Task.isCancelled,
                         let batch = try store.claimBatch(limits: configuration.limits, now: wallClock.nowMillis())
                     {
@@ -124,9 +123,24 @@ public actor OutboxForwarder {
         return report
     }
 
-    private func loadToken() throws {
-        token = try tokenSource()
-        tokenLoaded = true
+    /// (Re-)reads the credentials. A token file that cannot be used right now (an operator rewriting it: mode
+    /// 0644 before the chmod, empty before the write) must not end a forwarder that is paused waiting for
+    /// exactly that operator: log why (never the token) and stay paused on the same growing schedule as a
+    /// 401. Returns whether a token source answered.
+    private func reloadToken(now: Int64) -> Bool {
+        do {
+            token = try tokenSource()
+            tokenLoaded = true
+            return true
+        } catch {
+            let policy = configuration.policy
+            let after = min(policy.maxPauseSeconds, policy.basePauseSeconds * pow(2, Double(min(consecutivePauses, 62))))
+            consecutivePauses += 1
+            report.pauses += 1
+            pausedUntil = now + Int64(after * 1000)
+            log.log(.error, "uplink: paused \(String(format: "%.0f", after)) s: cannot use the token: \(error)")
+            return false
+        }
     }
 
     private func sleepUntilDue(now: Int64) async throws {
@@ -197,6 +211,15 @@ public actor OutboxForwarder {
                 batch.id, error: "\(attempt.outcome)", nextRetryAt: now + Int64(after * 1000), countsAsRetry: true,
                 maxRetries: Int(Int32.max))
             log.log(.info, "uplink: batch \(batch.id) \(attempt.outcome); retry in \(String(format: "%.1f", after)) s")
+        case .pause(_, let reason) where pausedUntil > now:
+            // A batch sent before the pause began got the same answer as the one that started it: that is the
+            // same pause. Escalating again per batch would make the pause length depend on --max-in-flight
+            // (four 401s in flight: 1+2+4+8 s → an 8 s first pause).
+            report.pauses += 1
+            tokenLoaded = false
+            try store.retryBatch(
+                batch.id, error: "\(reason)", nextRetryAt: pausedUntil, countsAsRetry: false, maxRetries: Int(Int32.max))
+            log.log(.info, "uplink: batch \(batch.id) \(reason) too; already paused")
         case .pause(let after, let reason):
             consecutivePauses += 1
             report.pauses += 1

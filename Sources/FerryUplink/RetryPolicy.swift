@@ -66,7 +66,11 @@ public struct UplinkRetryPolicy: Sendable, Hashable {
                 return .fail(reason: "retries exhausted after \(retryCount + 1) attempts; last: \(reason)")
             }
             let ceiling = backoffCeilingSeconds(retryNumber: next)
-            let jittered = ceiling * Double.random(in: 0...1, using: &random)
+            // 53 random bits → a fraction in [0, 1). Not Double.random(in:using:): its
+            // rejection sampling may ask for more values, and a generator injected by a
+            // test (or a broken one) would make it spin.
+            let fraction = Double(random.next() >> 11) * 0x1p-53
+            let jittered = ceiling * fraction
             // Retry-After is a floor, not a replacement: the jitter still spreads gateways
             // that were all told the same instant.
             let floor = min(retryAfter ?? 0, maxRetryAfterSeconds)

@@ -48,7 +48,7 @@ public enum TokenFileError: Error, Sendable, Hashable, CustomStringConvertible {
             return "token file \(path): cannot read (\(String(cString: strerror(code))))"
         case .permissionsTooOpen(let path, let mode):
             return "token file \(path): permissions 0\(String(mode & 0o777, radix: 8)) are too open; "
-                + "it must not be readable by group or others (chmod 600 \(path))"
+                + "group and others must have no access to it (chmod 600 \(path))"
         case .wrongOwner(let path, let owner):
             return "token file \(path): owned by uid \(owner), expected the current user or root"
         case .notARegularFile(let path):

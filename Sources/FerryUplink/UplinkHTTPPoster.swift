@@ -35,16 +35,21 @@ public struct UplinkHTTPConfiguration: Sendable {
     public var compression: UplinkCompression
     /// Connections kept open to the backend (libcurl's pool); enough for a few requests in flight.
     public var maximumConnections: Int
+    /// Plain `http://` is accepted for loopback hosts only unless this is set: the token and the
+    /// frames would otherwise cross the network readable by anyone on the path.
+    public var allowPlainHTTP: Bool
 
     public init(
         endpoint: URL, requestTimeoutSeconds: Int = 30, userAgent: String = "ferry/" + FerryUplinkVersion.string,
-        compression: UplinkCompression = .whenAdvertised(minimumBytes: 1024), maximumConnections: Int = 4
+        compression: UplinkCompression = .whenAdvertised(minimumBytes: 1024), maximumConnections: Int = 4,
+        allowPlainHTTP: Bool = false
     ) {
         self.endpoint = endpoint
         self.requestTimeoutSeconds = requestTimeoutSeconds
         self.userAgent = userAgent
         self.compression = compression
         self.maximumConnections = maximumConnections
+        self.allowPlainHTTP = allowPlainHTTP
     }
 }
 
@@ -91,6 +96,10 @@ public final class UplinkHTTPPoster: Sendable {
         }
         guard let host = configuration.endpoint.host, !host.isEmpty else {
             throw .invalidEndpoint("no host")
+        }
+        let loopback = ["127.0.0.1", "::1", "[::1]", "localhost"].contains(host.lowercased()) || host.hasPrefix("127.")
+        guard scheme == "https" || loopback || configuration.allowPlainHTTP else {
+            throw .invalidEndpoint("plain http to \(host) would send the token and frames unencrypted; use https")
         }
         guard configuration.endpoint.user == nil, configuration.endpoint.password == nil else {
             // Credentials in the URL would end up in logs; the token file is the place for them.

@@ -221,6 +221,58 @@ class ContractTests(BackendTestCase):
         self.assertEqual(self.backend.post(frames_batch("b1", [9]))[0], 422)
 
 
+class ConcurrencyAndLimitTests(BackendTestCase):
+    flags = ("--max-body-bytes", "4096")
+
+    def test_concurrent_overlapping_batches_store_each_frame_once(self):
+        import threading
+        errors = []
+
+        def worker(lane):
+            try:
+                for index in range(10):
+                    # Every lane sends the same frames under its own batch ids.
+                    status = self.backend.post(frames_batch("l%d-b%d" % (lane, index),
+                                                            [index * 3 + 1, index * 3 + 2]))[0]
+                    if status != 200:
+                        errors.append(status)
+            except Exception as error:  # noqa: BLE001 - reported below
+                errors.append(error)
+
+        threads = [threading.Thread(target=worker, args=(lane,)) for lane in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.assertEqual(errors, [])
+        stats = self.backend.stats()
+        self.assertEqual((stats["distinct_natural_keys"], stats["duplicates_rejected"]), (20, 60))
+        self.assertEqual(stats["batches"], 40)
+
+    def test_oversized_and_gzip_bomb_bodies_are_refused(self):
+        big = json.dumps(frames_batch("b1", range(1, 200))).encode()
+        self.assertGreater(len(big), 4096)
+        self.assertEqual(self.backend.post(big, key="b1")[0], 413)
+        bomb = gzip.compress(b" " * 100000)
+        status, _, body = self.backend.post(bomb, key="b2", headers={"Content-Encoding": "gzip"})
+        self.assertEqual(status, 400)
+        self.assertIn("exceeds", body["reason"])
+
+    def test_keep_alive_serves_many_requests_on_one_connection(self):
+        connection = self.backend.connection()
+        try:
+            for index in range(5):
+                raw = json.dumps(frames_batch("k%d" % index, [index + 1])).encode()
+                connection.request("POST", "/ingest", body=raw, headers={
+                    "Content-Type": "application/json", "Idempotency-Key": "k%d" % index})
+                response = connection.getresponse()
+                response.read()
+                self.assertEqual(response.status, 200)
+        finally:
+            connection.close()
+        self.assertEqual(self.backend.stats()["connections_accepted"], 1)
+
+
 class NoGzipTests(BackendTestCase):
     flags = ("--no-gzip",)
 

@@ -1,1 +1,0 @@
-// The FerrySimulator module. Its sources land in this folder.

@@ -1,0 +1,84 @@
+import FerryGateway
+import FerryProtocol
+import FerrySimulator
+import FerryStore
+import Foundation
+import Testing
+
+/// A link as bad as the real ones in shared notes, and worse: every fault knob on at once.
+func hostileLink(drops: Bool = true) -> SimulatedPeripheral.Faults {
+    var faults = SimulatedPeripheral.Faults()
+    faults.bitFlipRate = 2e-5
+    faults.dropNotification = drops ? 0.005 : 0
+    faults.duplicateFrame = 0.01
+    faults.disconnectPerNotification = 0.0005
+    faults.ignoreRequest = 0.15
+    faults.oversizeHeaderPerFrame = 0.002
+    faults.unknownTypePerFrame = 0.002
+    faults.noisePerFrame = 0.005
+    return faults
+}
+
+@Suite("Faults")
+struct FaultTests {
+    @Test("12k events through every link fault, STREAM_INFO peripheral", arguments: [(UInt64(7), 20), (UInt64(8), 244)])
+    func hostileWithStreamInfo(seed: UInt64, notificationSize: Int) async throws {
+        let dir = try TemporaryDirectory("hostile")
+        defer { dir.remove() }
+        var config = SimulatedPeripheral.Configuration()
+        config.notificationSize = notificationSize
+        let peripheral = try SimulatedPeripheral(
+            directory: dir.url.appendingPathComponent("device"), configuration: config, faults: hostileLink(),
+            seed: seed)
+        try peripheral.record(count: 12_000)
+        let gateway = try Gateway(directory: dir)
+        let sessions = try await gateway.syncUntilCaughtUp(peripheral)
+        let ledger = try expectConsistent(gateway, peripheral)
+        #expect(ledger.storedEvents == 12_000)
+        #expect(ledger.gapSeqs == 0, "nothing was lost by the peripheral, so no GAP may be recorded")
+        #expect(peripheral.statistics.notificationsDropped > 0 && peripheral.statistics.bitsFlipped > 0)
+        #expect(peripheral.statistics.junkInjected > 0 && peripheral.statistics.duplicatesSent > 0)
+        #expect(peripheral.statistics.requestsIgnored > 0)
+        peripheral.faults = .none
+        let again = try await gateway.session(with: peripheral)
+        #expect(again.caughtUp && again.summary.framesStored == 0, "a second sync transfers nothing: \(again)")
+        print("hostile(\(seed), \(notificationSize)): \(sessions) sessions, \(peripheral.statistics)")
+    }
+
+    @Test("12k events through every link fault, peripheral without STREAM_INFO (epoch 0, idle fallback)")
+    func hostileWithoutStreamInfo() async throws {
+        let dir = try TemporaryDirectory("nostreaminfo")
+        defer { dir.remove() }
+        var config = SimulatedPeripheral.Configuration()
+        config.hasStreamInfo = false
+        config.notificationSize = 64
+        let peripheral = try SimulatedPeripheral(
+            directory: dir.url.appendingPathComponent("device"), configuration: config, faults: hostileLink(),
+            seed: 11)
+        try peripheral.record(count: 12_000)
+        let gateway = try Gateway(directory: dir)
+        let sessions = try await gateway.syncUntilCaughtUp(peripheral)
+        let ledger = try expectConsistent(gateway, peripheral)
+        #expect(ledger.storedEvents == 12_000)
+        #expect(ledger.streams.count == 1 && ledger.streams[0].status.epoch == "0")
+        print("no STREAM_INFO: \(sessions) sessions, gaps \(ledger.gapSeqs), \(peripheral.statistics)")
+    }
+}
+
+@Test("a silent peripheral gets 3 SYNC_REQs, then the gateway disconnects; the next session catches up")
+func silentPeripheral() async throws {
+    let dir = try TemporaryDirectory("silent")
+    defer { dir.remove() }
+    var silent = SimulatedPeripheral.Faults()
+    silent.ignoreRequest = 1
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: silent, seed: 95)
+    try peripheral.record(count: 500)
+    let gateway = try Gateway(directory: dir)
+    let first = try await gateway.session(with: peripheral)
+    #expect(first.summary.disconnectReason == "noResponse")
+    #expect(first.control.map(\.type) == [.syncRequest, .syncRequest, .syncRequest])
+    #expect(peripheral.statistics.requestsIgnored == 3)
+    peripheral.faults = .none
+    try await gateway.syncUntilCaughtUp(peripheral)
+    _ = try expectConsistent(gateway, peripheral)
+}

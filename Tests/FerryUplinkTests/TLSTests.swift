@@ -1,0 +1,82 @@
+// https against the reference backend with a self-signed certificate made by openssl.
+//
+// Measured fact this file depends on: swift-corelibs-foundation on Linux gives URLSession
+// no per-session CA setting. `URLSessionCertificateAuthorityInfoFile` is read only when
+// built for Android (EasyHandle.swift, `#if os(Android)`), and libcurl ignores
+// SSL_CERT_FILE / CURL_CA_BUNDLE once its built-in CAINFO is set (Debian:
+// /etc/ssl/certs/ca-certificates.crt). A private CA therefore has to be in the bundle
+// at that path: installed system-wide (update-ca-certificates) or bind-mounted over it in
+// the gateway's own mount namespace (systemd `BindReadOnlyPaths=`). The second test proves
+// the bind-mount route end to end in a child process under `unshare --mount`.
+
+import Foundation
+import Testing
+import XCTest
+
+@testable import FerryUplink
+
+@Suite(.serialized) struct TLSTests {
+    static let systemBundle = "/etc/ssl/certs/ca-certificates.crt"
+
+    @Test func selfSignedCertificateIsRefusedAndPausesTheUplink() async throws {
+        let directory = try TestSupport.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (cert, key) = try TestSupport.makeSelfSignedCertificate(in: directory)
+        let backend = try ReferenceBackend(arguments: ["--tls-cert", cert, "--tls-key", key], scheme: "https")
+        defer { backend.stop() }
+        let poster = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: backend.endpoint))
+        let body = UplinkBodyEncoder.encode(FrameBatches.twentyFrames(batch: "b-1"))
+        let attempt = await poster.post(body: body, idempotencyKey: "b-1", token: nil)
+        guard case .pause(.untrustedCertificate(let detail)) = attempt.outcome else {
+            Issue.record("expected a paused uplink for an untrusted certificate, got \(attempt.outcome)")
+            return
+        }
+        #expect(detail.contains("certificate"))
+        #expect(try backend.stat("requests") == 0)
+    }
+
+    @Test func trustedThroughTheBundleLibcurlReadsTheSameCertificateWorks() async throws {
+        guard geteuid() == 0, let unshare = TestSupport.which("unshare"),
+            FileManager.default.fileExists(atPath: Self.systemBundle)
+        else {
+            // Needs CAP_SYS_ADMIN for a private mount namespace; reported, not faked.
+            print("TLSTests: skipped the trusted-CA half (needs root, unshare and \(Self.systemBundle))")
+            return
+        }
+        let directory = try TestSupport.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (cert, key) = try TestSupport.makeSelfSignedCertificate(in: directory)
+        let bundle = directory.appendingPathComponent("bundle.pem")
+        try (Data(contentsOf: URL(fileURLWithPath: Self.systemBundle)) + Data(contentsOf: URL(fileURLWithPath: cert)))
+            .write(to: bundle)
+        let backend = try ReferenceBackend(arguments: ["--tls-cert", cert, "--tls-key", key], scheme: "https")
+        defer { backend.stop() }
+
+        let testBinary = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
+        var environment = ProcessInfo.processInfo.environment
+        environment["FERRY_TLS_PROBE_URL"] = backend.endpoint.absoluteString
+        let (status, output) = try TestSupport.run(
+            unshare,
+            [
+                "--mount", "--", "/bin/sh", "-c", "mount --bind \"$1\" \"$2\" && shift 2 && exec \"$@\"", "sh",
+                bundle.path, Self.systemBundle, testBinary, "FerryUplinkTests.TLSTrustProbe/testPostThroughTrustStore",
+            ], environment: environment)
+        #expect(output.contains("FERRY-TLS-PROBE: completed (HTTP 200)"), "child said: \(output.suffix(2000))")
+        #expect(status == 0)
+        #expect(try backend.stat("distinct_natural_keys") == 20)
+    }
+}
+
+/// Runs only as the child of the test above (inside its mount namespace); skipped otherwise.
+final class TLSTrustProbe: XCTestCase {
+    func testPostThroughTrustStore() async throws {
+        guard let url = ProcessInfo.processInfo.environment["FERRY_TLS_PROBE_URL"].flatMap(URL.init(string:)) else {
+            throw XCTSkip("helper process for TLSTests.trustedThroughTheBundleLibcurlReadsTheSameCertificateWorks")
+        }
+        let poster = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: url))
+        let body = UplinkBodyEncoder.encode(FrameBatches.twentyFrames(batch: "b-tls"))
+        let attempt = await poster.post(body: body, idempotencyKey: "b-tls", token: nil)
+        print("FERRY-TLS-PROBE: \(attempt.outcome)")
+        XCTAssertEqual(attempt.outcome, .completed(status: 200))
+    }
+}
