@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Real-BlueZ scenario 2 in ONE boot: faults, each ending with the right store content and GAP/REGRESSION
-records, 0 peripheral violations throughout. The peripheral corrupts (2 %) and drops (2 % of notifications)
+records, 0 peripheral violations throughout. The peripheral corrupts (2 % of frames) and drops (8 % of notifications)
 DATA for the whole run, and drops the link once after 150 frames.
 
  a. disconnect mid-burst: the first sync ends early (exit 1, clear error), committed <= acknowledged is kept;
@@ -22,7 +22,7 @@ import bedlib as b  # noqa: E402
 
 SCENARIO = "sync_faults"
 EVENTS = 600
-BED_ARGS = ["--peripherals", "1", "--events", str(EVENTS), "--fault", "corrupt=0.02", "--fault", "drop=0.02",
+BED_ARGS = ["--peripherals", "1", "--events", str(EVENTS), "--fault", "corrupt=0.02", "--fault", "drop=0.08",
             "--fault", "disconnect=150"]
 
 
