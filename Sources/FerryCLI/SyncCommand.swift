@@ -159,6 +159,9 @@ enum SyncCommand {
             throw CommandFailure("services of \(address) did not resolve: \(error)")
         }
 
+        // bluetoothd restarting mid-sync looks like a plain link loss from the session's side; the cache's
+        // generation (bumped on every NameOwnerChanged rebuild) lets the summary say what really happened.
+        let bluezGeneration = await client.objects.generation
         let store = try GatewayStore(path: dbPath)
         let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
         let transport = try await BlueZSyncTransport(
@@ -183,7 +186,16 @@ enum SyncCommand {
         case "caughtUp": result = "caught up"
         case "shutdown": result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
         case "noResponse": result = "no response from the peripheral after 3 SYNC_REQs"
-        default: result = runner.summary.backpressure ? "store over its disk budget" : reason
+        default:
+            let bluezRestarted = await client.objects.generation != bluezGeneration
+            let bluezGone = await !client.objects.isServiceAvailable
+            if runner.summary.backpressure {
+                result = "store over its disk budget"
+            } else if bluezRestarted || bluezGone {
+                result = "\(reason): bluetoothd exited or restarted during the sync (committed frames are kept; run again)"
+            } else {
+                result = reason
+            }
         }
         return Outcome(
             summary: runner.summary, decoder: runner.machine.decoder.statistics, result: result,

@@ -88,7 +88,7 @@ def run_reader(name: str, addr: str, events: int, window: int) -> dict:
 
 def main() -> int:
     events = int(os.environ["FERRY_TESTBED_EVENTS"])
-    window = int(os.environ.get("BENCH_WINDOW", "2000"))
+    window = int(os.environ.get("BENCH_WINDOW", "20"))
     readers = ["ferry-acquire", "ferry-start", "bleak-start", "bleak-acquire"]
     addrs = b.peripherals()
     rows = []
