@@ -29,8 +29,18 @@ async def main() -> None:
     a = ap.parse_args()
 
     from bleak import BleakClient, BleakScanner
+    from bleak.exc import BleakDBusError
 
-    device = await BleakScanner.find_device_by_address(a.address, timeout=20, bluez={"adapter": a.adapter})
+    device = None
+    for attempt in range(3):
+        try:
+            device = await BleakScanner.find_device_by_address(a.address, timeout=20, bluez={"adapter": a.adapter})
+            break
+        except BleakDBusError as e:
+            # Seen in the bed: StopDiscovery right after the device showed up fails with
+            # org.bluez.Error.InProgress. The device is known to bluetoothd by then; just try again.
+            print(f"bleak_reader: scan attempt {attempt + 1}: {e}", file=sys.stderr, flush=True)
+            await asyncio.sleep(1.0)
     if device is None:
         raise SystemExit(f"bleak_reader: {a.address} not found")
     decoder = sp.StreamDecoder()
