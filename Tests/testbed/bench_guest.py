@@ -88,7 +88,8 @@ def run_reader(name: str, addr: str, events: int, window: int) -> dict:
 
 def main() -> int:
     events = int(os.environ["FERRY_TESTBED_EVENTS"])
-    window = int(os.environ.get("BENCH_WINDOW", "20"))
+    # The guest does not inherit the host's environment: the window comes as `--window W`.
+    window = int(sys.argv[sys.argv.index("--window") + 1]) if "--window" in sys.argv else 20
     readers = ["ferry-acquire", "ferry-start", "bleak-start", "bleak-acquire"]
     addrs = b.peripherals()
     rows = []
