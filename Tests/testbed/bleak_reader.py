@@ -57,7 +57,7 @@ async def main() -> None:
         last = now
         counts["notifications"] += 1
         for f in decoder.feed(bytes(data)):
-            if f.type == sp.DATA:
+            if f.type == sp.TYPE_DATA:
                 counts["intact"] += 1
                 seqs.add(f.seq)
 
@@ -76,5 +76,10 @@ async def main() -> None:
         "frames_per_second": round(len(seqs) / seconds, 1) if seconds else None}), flush=True)
 
 
+async def bounded() -> None:
+    # Every wait bounded: a wedged connect/disconnect must end the benchmark row, not the whole run.
+    await asyncio.wait_for(main(), 150)
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(bounded())
