@@ -31,16 +31,23 @@ async def main() -> None:
     from bleak import BleakClient, BleakScanner
     from bleak.exc import BleakDBusError
 
+    # Not find_device_by_address: when bluetoothd already knows the device (an earlier reader discovered
+    # it) that returns at once and its StopDiscovery, sent while StartDiscovery is still completing, fails
+    # with org.bluez.Error.InProgress (seen every time in the bed). Scan for a fixed short time instead.
     device = None
-    for attempt in range(3):
+    scanner = BleakScanner(bluez={"adapter": a.adapter})
+    await scanner.start()
+    deadline = time.monotonic() + 20
+    while device is None and time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        device = next((d for d in scanner.discovered_devices if d.address.upper() == a.address.upper()), None)
+    for attempt in range(5):
         try:
-            device = await BleakScanner.find_device_by_address(a.address, timeout=20, bluez={"adapter": a.adapter})
+            await scanner.stop()
             break
         except BleakDBusError as e:
-            # Seen in the bed: StopDiscovery right after the device showed up fails with
-            # org.bluez.Error.InProgress. The device is known to bluetoothd by then; just try again.
-            print(f"bleak_reader: scan attempt {attempt + 1}: {e}", file=sys.stderr, flush=True)
-            await asyncio.sleep(1.0)
+            print(f"bleak_reader: StopDiscovery attempt {attempt + 1}: {e}", file=sys.stderr, flush=True)
+            await asyncio.sleep(0.5)
     if device is None:
         raise SystemExit(f"bleak_reader: {a.address} not found")
     decoder = sp.StreamDecoder()
