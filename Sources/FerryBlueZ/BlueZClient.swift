@@ -70,7 +70,9 @@ public final class BlueZClient: Sendable {
         } catch {
             await lease.release()
             if let error = error as? BlueZError, error.kind == .timeout {
-                throw BlueZError.notFound("device \(address) not seen within \(timeout)")
+                // Whole seconds: "19.68951243 seconds" (Duration's description) reads like noise in a one-line error.
+                let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+                throw BlueZError.notFound("device \(address) not seen within \(Int(seconds.rounded())) s of discovery")
             }
             throw error
         }

@@ -24,7 +24,8 @@ enum SyncCommand {
                              store and its WAL exceed B bytes; the result says so (default: no budget)
           --bus ADDRESS      D-Bus address of the bus bluetoothd is on (default: the system bus)
           --json             print one JSON object: {"address","result","frames_stored","duplicates","gaps",
-                             "regressions","corrupt","epoch","cursor","notify_path","mtu","duration_seconds"}
+                             "regressions","corrupt","crc_mismatches","stalls","epoch","cursor","notify_path","mtu",
+                             "duration_seconds"}
           --verbose          log connection steps on stderr
 
         Exit status: 0 caught up; 1 failed (adapter missing, device not found, not a Sync peripheral, timeout,
@@ -70,6 +71,7 @@ enum SyncCommand {
                     ("address", .string(address.string)), ("result", .string(outcome.result)),
                     ("frames_stored", .int(s.framesStored)), ("duplicates", .int(s.duplicates)),
                     ("gaps", .int(s.gapsRecorded)), ("regressions", .int(s.regressions)), ("corrupt", .int(s.corrupt)),
+                    ("crc_mismatches", .int(outcome.decoder.crcMismatches)), ("stalls", .int(outcome.decoder.stalls)),
                     ("epoch", .string(String(s.epoch))), ("cursor", .string(String(s.cursor))),
                     ("notify_path", .string(outcome.notifyPath)), ("mtu", outcome.mtu.map { .int(Int($0)) } ?? .null),
                     ("duration_seconds", .double((outcome.seconds * 1000).rounded() / 1000)),
@@ -89,6 +91,9 @@ enum SyncCommand {
 
     struct Outcome: Sendable {
         var summary: SyncSummary
+        /// Why bytes were discarded (CRC mismatch vs. a partial frame dropped when DATA went idle): tells a
+        /// damaged stream from a stalled one.
+        var decoder: FrameDecoder.Statistics
         var result: String
         var notifyPath: String
         var mtu: UInt16?
@@ -130,7 +135,9 @@ enum SyncCommand {
         let device: BlueZDevice
         do {
             device = try await connector.connect(policy: &policy, connectTimeout: min(remaining(), .seconds(35)))
-        } catch let error as BlueZError where error.kind == .timeout || error.kind == .unknownObject {
+        } catch let error as BlueZError
+            where error.kind == .timeout || error.kind == .unknownObject || error.kind == .notFound
+        {
             throw CommandFailure("device \(address) not found on \(adapter.name): \(error)")
         } catch {
             throw CommandFailure("cannot connect to \(address): \(error)")
@@ -156,6 +163,9 @@ enum SyncCommand {
             throw CommandFailure("services of \(address) did not resolve: \(error)")
         }
 
+        // bluetoothd restarting mid-sync looks like a plain link loss from the session's side; the cache's
+        // generation (bumped on every NameOwnerChanged rebuild) lets the summary say what really happened.
+        let bluezGeneration = await client.objects.generation
         let store = try GatewayStore(path: dbPath)
         let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
         let transport = try await BlueZSyncTransport(
@@ -181,10 +191,19 @@ enum SyncCommand {
         case "caughtUp": result = "caught up"
         case "shutdown": result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
         case "noResponse": result = "no response from the peripheral after 3 SYNC_REQs"
-        default: result = runner.summary.backpressure ? "store over its disk budget" : reason
+        default:
+            let bluezRestarted = await client.objects.generation != bluezGeneration
+            let bluezGone = await !client.objects.isServiceAvailable
+            if runner.summary.backpressure {
+                result = "store over its disk budget"
+            } else if bluezRestarted || bluezGone {
+                result = "\(reason): bluetoothd exited or restarted during the sync (committed frames are kept; run again)"
+            } else {
+                result = reason
+            }
         }
         return Outcome(
-            summary: runner.summary, result: result, notifyPath: transport.notifyMethod?.rawValue ?? "none",
-            mtu: transport.mtu, seconds: seconds())
+            summary: runner.summary, decoder: runner.machine.decoder.statistics, result: result,
+            notifyPath: transport.notifyMethod?.rawValue ?? "none", mtu: transport.mtu, seconds: seconds())
     }
 }

@@ -1,0 +1,313 @@
+"""Shared helpers for the real-BlueZ scenarios in Tests/testbed (python3 stdlib only).
+
+A scenario file runs twice: on the host it boots the test bed (scripts/testbed run) with itself as
+the guest command (`--guest`); in the guest it drives `ferry sync`, then asserts on ferry's JSON,
+the SQLite store and the emulated peripherals' stats JSON. Every check is printed as it happens
+(PASS/FAIL) and written to RESULTS/checks.json, which the host side reads back.
+
+Nothing here waits without a bound: every ferry run is wrapped in `timeout`, every poll has a deadline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sqlite3
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FERRY = os.environ.get("FERRY_BIN", os.path.join(ROOT, ".build", "debug", "ferry"))
+BLUETOOTHD_CANDIDATES = ("/usr/libexec/bluetooth/bluetoothd", "/usr/lib/bluetooth/bluetoothd")
+PAYLOAD_BYTES = 20  # the bed's default --payload-bytes
+
+
+# ---------------------------------------------------------------- checks
+
+class Checks:
+    def __init__(self, scenario: str):
+        self.scenario = scenario
+        self.items: list[dict] = []
+
+    def check(self, name: str, ok: bool, detail: str = "") -> bool:
+        self.items.append({"name": name, "ok": bool(ok), "detail": detail})
+        print(f"{'PASS' if ok else 'FAIL'} {self.scenario}: {name}" + (f" — {detail}" if detail else ""), flush=True)
+        return bool(ok)
+
+    def note(self, text: str) -> None:
+        print(f"     {self.scenario}: {text}", flush=True)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for c in self.items if not c["ok"])
+
+    def write(self) -> None:
+        path = os.path.join(results_dir(), "checks.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"scenario": self.scenario, "checks": self.items}, f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+# ---------------------------------------------------------------- host side
+
+def host_main(scenario_file: str, scenario: str, bed_args: list[str], bed_timeout: int) -> int:
+    """Boots the bed with this scenario as the guest command; returns the process exit status."""
+    results = None
+    argv = sys.argv[1:]
+    if "--results" in argv:
+        results = argv[argv.index("--results") + 1]
+    if results is None:
+        results = os.path.join(ROOT, ".testbed", "results", f"{scenario}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    os.makedirs(results, exist_ok=True)
+    for stale in ("checks.json", "ferry-commands.log"):
+        if os.path.exists(os.path.join(results, stale)):
+            os.remove(os.path.join(results, stale))
+    if not os.access(FERRY, os.X_OK):
+        print(f"FAIL {scenario}: no ferry binary at {FERRY} (run `swift build` first)", flush=True)
+        print(f"{scenario}: 0 passed, 1 failed")
+        return 1
+    cmd = [os.path.join(ROOT, "scripts", "testbed"), "run", *bed_args, "--timeout", str(bed_timeout),
+           "--results", results, "--", "/usr/bin/python3", os.path.abspath(scenario_file), "--guest"]
+    print(f"{scenario}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+    t0 = time.monotonic()
+    status = subprocess.call(cmd, cwd=ROOT)
+    wall = time.monotonic() - t0
+    passed = failed = 0
+    try:
+        with open(os.path.join(results, "checks.json")) as f:
+            items = json.load(f)["checks"]
+        passed = sum(1 for c in items if c["ok"])
+        failed = len(items) - passed
+    except (OSError, ValueError, KeyError):
+        print(f"FAIL {scenario}: no checks.json from the guest (bed status {status}; see {results})", flush=True)
+        failed += 1
+    if status != 0 and failed == 0:
+        print(f"FAIL {scenario}: guest command / bed exited {status} (see {results})", flush=True)
+        failed += 1
+    print(f"{scenario}: {passed} passed, {failed} failed ({wall:.0f} s wall; results {results})", flush=True)
+    return 0 if failed == 0 else 1
+
+
+# ---------------------------------------------------------------- guest side: environment
+
+def results_dir() -> str:
+    return os.environ["FERRY_TESTBED_RESULTS"]
+
+
+def scratch() -> str:
+    return os.environ["FERRY_TESTBED_SCRATCH"]
+
+
+def peripherals() -> list[str]:
+    return os.environ["FERRY_TESTBED_PERIPHERALS"].split()
+
+
+def adapter() -> str:
+    return os.environ.get("FERRY_TESTBED_ADAPTER", "hci0")
+
+
+def syncproto():
+    """The bed's own frame/payload definitions (the peripheral's event bytes are defined there)."""
+    sys.path.insert(0, os.environ["FERRY_TESTBED_DIR"])
+    import syncproto as sp  # noqa: E402
+    return sp
+
+
+# ---------------------------------------------------------------- ferry
+
+class FerryRun:
+    def __init__(self, args, rc, stdout, stderr, seconds):
+        self.args, self.rc, self.stdout, self.stderr, self.seconds = args, rc, stdout, stderr, seconds
+        self.json = None
+        lines = [l for l in stdout.splitlines() if l.startswith("{")]
+        if lines:
+            try:
+                self.json = json.loads(lines[-1])
+            except ValueError:
+                pass
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [l for l in self.stderr.splitlines() if l.strip()]
+
+    def brief(self) -> str:
+        return f"rc={self.rc} {self.seconds:.1f}s stdout={self.stdout.strip()[:300]!r} stderr={self.stderr.strip()[-300:]!r}"
+
+
+def _log_command(run: FerryRun) -> None:
+    with open(os.path.join(results_dir(), "ferry-commands.log"), "a") as f:
+        f.write(f"$ ferry {' '.join(shlex.quote(a) for a in run.args)}\n# rc={run.rc} {run.seconds:.2f}s\n")
+        f.write(run.stdout)
+        f.write(run.stderr)
+        f.write("\n")
+
+
+def ferry(args: list[str], limit: float) -> FerryRun:
+    """Runs ferry, killed by `timeout` after `limit` s (rc 124 then: a hang)."""
+    t0 = time.monotonic()
+    p = subprocess.run(["timeout", "-k", "5", str(int(limit)), FERRY, *args], capture_output=True, text=True)
+    run = FerryRun(args, p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+    _log_command(run)
+    return run
+
+
+class FerryBackground:
+    """A ferry run in the background (to do something to the stack while it syncs)."""
+
+    def __init__(self, args: list[str], limit: float):
+        self.args = args
+        self.t0 = time.monotonic()
+        self.proc = subprocess.Popen(["timeout", "-k", "5", str(int(limit)), FERRY, *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, limit: float) -> FerryRun:
+        try:
+            out, err = self.proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            err += "\n[scenario: killed, ferry outlived the scenario's wait]"
+        run = FerryRun(self.args, self.proc.returncode, out, err, time.monotonic() - self.t0)
+        _log_command(run)
+        return run
+
+
+def sync_args(address: str, db: str, *extra: str, timeout: int = 120) -> list[str]:
+    return ["sync", "--address", address, "--adapter", adapter(), "--db", db, "--json", "--timeout", str(timeout),
+            *extra]
+
+
+# ---------------------------------------------------------------- peripherals
+
+def stats(address: str) -> dict:
+    path = os.path.join(results_dir(), f"peripheral-{address}.json")
+    for _ in range(20):  # rewritten atomically, but be tolerant of a first write in progress
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            time.sleep(0.1)
+    raise RuntimeError(f"no readable stats at {path}")
+
+
+def wait_stats(address: str, predicate, limit: float) -> dict | None:
+    """Polls the peripheral's stats JSON until `predicate(stats)` holds; None after `limit` s."""
+    deadline = time.monotonic() + limit
+    while True:
+        s = stats(address)
+        if predicate(s):
+            return s
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+
+
+def control(line: str) -> None:
+    with open(os.environ["FERRY_TESTBED_CONTROL"], "w") as f:
+        f.write(line + "\n")
+
+
+def expected_payload(epoch: int, generation: int, seq: int) -> bytes:
+    return syncproto().event_payload(epoch, generation, seq, PAYLOAD_BYTES)
+
+
+# ---------------------------------------------------------------- store
+
+class Store:
+    """Read-side view of ferry's SQLite store (table names are the contract of PROTOCOL.md §5)."""
+
+    def __init__(self, path: str):
+        self.db = sqlite3.connect(path, timeout=10)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def streams(self, peripheral: str) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT epoch, device_epoch, cursor, active FROM stream_cursors WHERE peripheral = ? ORDER BY created_at",
+            (peripheral,)).fetchall()
+        return [{"epoch": r[0], "device_epoch": r[1], "cursor": r[2], "active": bool(r[3])} for r in rows]
+
+    def frames(self, peripheral: str, epoch: str) -> dict[int, bytes]:
+        return {seq: bytes(payload) for seq, payload in self.db.execute(
+            "SELECT seq, payload FROM staged_frames WHERE peripheral = ? AND epoch = ?", (peripheral, str(epoch)))}
+
+    def frame_rows(self, peripheral: str) -> int:
+        return self.db.execute("SELECT count(*) FROM staged_frames WHERE peripheral = ?", (peripheral,)).fetchone()[0]
+
+    def events(self, peripheral: str, event_type: str) -> list[dict]:
+        rows = self.db.execute(
+            "SELECT epoch, first_seq, last_seq, frame_count, payload FROM outbox_events "
+            "WHERE peripheral = ? AND event_type = ? ORDER BY created_at", (peripheral, event_type)).fetchall()
+        return [{"epoch": r[0], "first_seq": r[1], "last_seq": r[2], "frame_count": r[3], "payload": json.loads(r[4])}
+                for r in rows]
+
+
+def check_stream_content(checks: Checks, label: str, store: Store, peripheral: str, store_epoch: str,
+                         device_epoch: int, generation: int, seqs: range) -> None:
+    """Exactly the seqs `seqs`, each once, with the peripheral's deterministic bytes; the FRAMES outbox
+    events of the stream account for every stored frame."""
+    frames = store.frames(peripheral, store_epoch)
+    missing = [s for s in seqs if s not in frames]
+    extra = sorted(set(frames) - set(seqs))
+    checks.check(f"{label}: store holds seqs {seqs.start}..{seqs.stop - 1} exactly once",
+                 not missing and not extra and len(frames) == len(seqs),
+                 f"{len(frames)} rows, missing {missing[:10]}{'...' if len(missing) > 10 else ''} "
+                 f"({len(missing)}), unexpected {extra[:10]} ({len(extra)})")
+    bad = [s for s in seqs if s in frames and frames[s] != expected_payload(device_epoch, generation, s)]
+    checks.check(f"{label}: payloads are the peripheral's event bytes (epoch {device_epoch}, generation {generation})",
+                 not bad, f"{len(bad)} differ, first {bad[:5]}")
+    counted = sum(e["frame_count"] for e in store.events(peripheral, "FRAMES") if e["epoch"] == str(store_epoch))
+    checks.check(f"{label}: FRAMES outbox events cover every stored frame", counted == len(frames),
+                 f"outbox frame_count sum {counted}, rows {len(frames)}")
+
+
+# ---------------------------------------------------------------- bluetoothd
+
+def bluetoothd_path() -> str:
+    for p in BLUETOOTHD_CANDIDATES:
+        if os.access(p, os.X_OK):
+            return p
+    raise RuntimeError("bluetoothd not found")
+
+
+def pids_named(name: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as f:
+                    if f.read().strip() == name:
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def dbus_adapter_powered(name: str) -> bool | None:
+    """Powered property of /org/bluez/NAME via dbus-send; None if the adapter is not on the bus."""
+    p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=2000", "--dest=org.bluez",
+                        f"/org/bluez/{name}", "org.freedesktop.DBus.Properties.Get", "string:org.bluez.Adapter1",
+                        "string:Powered"], capture_output=True, text=True)
+    if p.returncode != 0:
+        return None
+    return "true" in p.stdout
+
+
+def power_on_adapter(name: str, limit: float) -> bool:
+    """Waits (bounded) for the adapter on D-Bus and powers it on."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        state = dbus_adapter_powered(name)
+        if state is True:
+            return True
+        if state is False:
+            subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=5000", "--dest=org.bluez",
+                            f"/org/bluez/{name}", "org.freedesktop.DBus.Properties.Set", "string:org.bluez.Adapter1",
+                            "string:Powered", "variant:boolean:true"], capture_output=True)
+        time.sleep(0.5)
+    return False

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Benchmark reference reader (bleak): subscribes to DATA, writes ONE SYNC_REQ(0, huge window), never
+acknowledges, and counts the DATA frames that arrive intact — the raw stream a generic bleak client gets
+at the peripheral's pacing. Runs in the test-bed guest with a venv python that has bleak installed.
+
+Usage: bleak_reader.py ADDRESS EXPECTED [--acquire] [--adapter hci0] [--idle S]
+Prints one JSON line: {"reader", "expected", "intact", "distinct", "lost", "crc_errors", "notifications",
+"seconds", "frames_per_second"} (seconds: first to last DATA notification).
+"""
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.environ["FERRY_TESTBED_DIR"])
+import syncproto as sp  # noqa: E402
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("address")
+    ap.add_argument("expected", type=int)
+    ap.add_argument("--acquire", action="store_true", help="AcquireNotify (bleak's default is StartNotify)")
+    ap.add_argument("--adapter", default="hci0")
+    ap.add_argument("--idle", type=float, default=3.0, help="stop after this long without notifications")
+    ap.add_argument("--window", type=int, default=65535)
+    a = ap.parse_args()
+
+    from bleak import BleakClient, BleakScanner
+    from bleak.exc import BleakDBusError
+
+    # Not find_device_by_address: when bluetoothd already knows the device (an earlier reader discovered
+    # it) that returns at once and its StopDiscovery, sent while StartDiscovery is still completing, fails
+    # with org.bluez.Error.InProgress (seen every time in the bed). Scan for a fixed short time instead.
+    device = None
+    scanner = BleakScanner(bluez={"adapter": a.adapter})
+    await scanner.start()
+    deadline = time.monotonic() + 20
+    while device is None and time.monotonic() < deadline:
+        await asyncio.sleep(1.0)
+        device = next((d for d in scanner.discovered_devices if d.address.upper() == a.address.upper()), None)
+    for attempt in range(5):
+        try:
+            await scanner.stop()
+            break
+        except BleakDBusError as e:
+            print(f"bleak_reader: StopDiscovery attempt {attempt + 1}: {e}", file=sys.stderr, flush=True)
+            await asyncio.sleep(0.5)
+    if device is None:
+        raise SystemExit(f"bleak_reader: {a.address} not found")
+    decoder = sp.StreamDecoder()
+    seqs: set[int] = set()
+    counts = {"intact": 0, "notifications": 0}
+    first = last = None
+    last_rx = time.monotonic()
+
+    def on_data(_char, data: bytearray) -> None:
+        nonlocal first, last, last_rx
+        now = time.monotonic()
+        last_rx = now
+        first = first or now
+        last = now
+        counts["notifications"] += 1
+        for f in decoder.feed(bytes(data)):
+            if f.type == sp.TYPE_DATA:
+                counts["intact"] += 1
+                seqs.add(f.seq)
+
+    async with BleakClient(device, timeout=30, bluez={"adapter": a.adapter}) as client:
+        await client.start_notify(sp.DATA_UUID, on_data, bluez={"use_start_notify": not a.acquire})
+        await client.write_gatt_char(sp.CONTROL_UUID, sp.sync_req(0, a.window), response=True)
+        last_rx = time.monotonic()
+        while time.monotonic() - last_rx < a.idle and len(seqs) < a.expected:
+            await asyncio.sleep(0.1)
+        decoder.on_idle()
+    seconds = (last - first) if first and last and last > first else 0.0
+    print(json.dumps({
+        "reader": "bleak-acquire" if a.acquire else "bleak-start", "expected": a.expected,
+        "intact": counts["intact"], "distinct": len(seqs), "lost": a.expected - len(seqs),
+        "crc_errors": decoder.crc_errors, "notifications": counts["notifications"], "seconds": round(seconds, 3),
+        "frames_per_second": round(len(seqs) / seconds, 1) if seconds else None}), flush=True)
+
+
+async def bounded() -> None:
+    # Every wait bounded: a wedged connect/disconnect must end the benchmark row, not the whole run.
+    await asyncio.wait_for(main(), 150)
+
+
+if __name__ == "__main__":
+    asyncio.run(bounded())
