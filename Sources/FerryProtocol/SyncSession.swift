@@ -504,7 +504,10 @@ public struct SyncSession: Sendable {
             return commitGap(gap, then: .requestFromCursor)
         }
         phase = .streaming
-        awaitingReplayDecision = true
+        // STREAM_INFO just said the peripheral still holds cursor+1: a replay that skips it again is a
+        // transit loss or the old replay's tail (seen on real BlueZ: 2,087 events lost to false GAPs with
+        // window 2000), never proof. Drain and re-read; only `oldest > cursor+1` records a GAP.
+        awaitingReplayDecision = false
         requestAttempts = 0
         return sendRequest(now: now)
     }
