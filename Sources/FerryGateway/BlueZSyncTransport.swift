@@ -42,7 +42,18 @@ public final class BlueZSyncTransport: SyncTransport {
         self.log = log
         data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
         control = try await service.requireCharacteristic(uuid: SyncProfile.controlUUID)
-        streamInfo = await service.characteristic(uuid: SyncProfile.streamInfoUUID)
+        var info = await service.characteristic(uuid: SyncProfile.streamInfoUUID)
+        if info == nil {
+            // STREAM_INFO is optional, but BlueZ can export it a moment after DATA and CONTROL. Seen in the test
+            // bed: a session started without it ran as epoch 0, and the next one (with the real epoch) recorded
+            // the events it had already stored as a GAP. Give it a short grace before deciding it is absent.
+            _ = try? await device.waitUntilServicesResolved(
+                serviceUUID: SyncProfile.serviceUUID,
+                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID, SyncProfile.streamInfoUUID],
+                timeout: .seconds(2))
+            info = await service.characteristic(uuid: SyncProfile.streamInfoUUID)
+        }
+        streamInfo = info
     }
 
     public var hasStreamInfo: Bool { streamInfo != nil }

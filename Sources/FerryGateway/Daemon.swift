@@ -338,15 +338,7 @@ struct SessionWorker: Sendable {
             service = try await device.waitUntilServicesResolved(
                 serviceUUID: SyncProfile.serviceUUID,
                 characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(20))
-            if await service.characteristic(uuid: SyncProfile.streamInfoUUID) == nil {
-                // STREAM_INFO is optional, but BlueZ can export it a moment after DATA and CONTROL. Seen in the
-                // test bed: a session started without it ran as epoch 0, and the next one (with the real epoch)
-                // recorded the 2000 events it had already stored as a 2000-event GAP. Give it a short grace.
-                _ = try? await device.waitUntilServicesResolved(
-                    serviceUUID: SyncProfile.serviceUUID,
-                    characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID, SyncProfile.streamInfoUUID],
-                    timeout: .seconds(2))
-            }
+            // A late-exported STREAM_INFO is waited for by BlueZSyncTransport.
         } catch {
             let uuids = await device.gattServiceUUIDs()
             if !uuids.isEmpty && !uuids.contains(SyncProfile.serviceUUID) {
