@@ -18,23 +18,53 @@ struct CommandFailure: Error, CustomStringConvertible {
 public enum FerryCommandLine {
     public static let version = "0.1.0"
 
-    static let usage = """
-        ferry \(version) — BLE Sync gateway for Linux/BlueZ
+    /// Every subcommand: its name, the line `ferry --help` shows, its own help text and its entry point.
+    struct Subcommand: Sendable {
+        let name: String
+        let summary: String
+        let help: String
+        let run: @Sendable ([String], any CommandOutput) throws -> Int32
+    }
 
-        Usage: ferry <command> [options]
+    static let subcommands: [Subcommand] = [
+        Subcommand(
+            name: "run", summary: "The gateway daemon: keep allowed peripherals synced, forward the outbox (--config FILE)",
+            help: RunCommand.help, run: RunCommand.run),
+        Subcommand(
+            name: "sync", summary: "One sync with one peripheral over BlueZ, until it is caught up",
+            help: SyncCommand.help, run: SyncCommand.run),
+        Subcommand(
+            name: "ingest", summary: "Feed a captured DATA byte stream into the store (same decoder and rules as a live sync)",
+            help: IngestCommand.help, run: IngestCommand.run),
+        Subcommand(
+            name: "status", summary: "Streams, cursors and outbox counts of a store",
+            help: StatusCommand.help, run: StatusCommand.run),
+        Subcommand(
+            name: "forward", summary: "Drain the outbox to the backend over HTTP(S)",
+            help: ForwardCommand.help, run: ForwardCommand.run),
+        Subcommand(
+            name: "outbox", summary: "List outbox events; send FAILED ones again",
+            help: OutboxCommand.help, run: OutboxCommand.run),
+        Subcommand(
+            name: "demo", summary: "The core engine with no radio: a noisy capture ingested twice, then the status",
+            help: DemoCommand.help, run: DemoCommand.run),
+    ]
 
-        Commands:
-          ingest    Feed a captured DATA byte stream into the store (same decoder and rules as a live sync)
-          status    Streams, cursors and outbox counts of a store
-          run       The gateway daemon: keep allowed peripherals synced, forward the outbox (--config FILE)
-          sync      One sync with one peripheral over BlueZ, until it is caught up
-          forward   Drain the outbox to the backend over HTTP(S)
-          outbox    List outbox events; send FAILED ones again
-          demo      Generate a noisy capture from a simulated peripheral, ingest it twice, show the status
+    static var usage: String {
+        let width = subcommands.map(\.name.count).max() ?? 0
+        let lines = subcommands.map { "  " + $0.name + String(repeating: " ", count: width - $0.name.count + 3) + $0.summary }
+        return """
+            ferry \(version) — BLE Sync gateway for Linux/BlueZ
 
-        Run 'ferry <command> --help' for the options of a command.
-        Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 3 (forward --until-empty) some events FAILED.
-        """
+            Usage: ferry <command> [options]
+
+            Commands:
+            \(lines.joined(separator: "\n"))
+
+            Run 'ferry <command> --help' for the options of a command.
+            Exit status: 0 success, 1 failure (message on stderr), 2 usage error, 3 (forward --until-empty) some events FAILED.
+            """
+    }
 
     /// Entry point of the `ferry` binary.
     public static func main(arguments: [String]) -> Int32 {
@@ -57,29 +87,15 @@ public enum FerryCommandLine {
             case "--version", "version":
                 output.out("ferry \(version)")
                 return 0
-            case "ingest":
-                if wantsHelp { output.out(IngestCommand.help); return 0 }
-                return try IngestCommand.run(rest, output: output)
-            case "status":
-                if wantsHelp { output.out(StatusCommand.help); return 0 }
-                return try StatusCommand.run(rest, output: output)
-            case "run":
-                if wantsHelp { output.out(RunCommand.help); return 0 }
-                return try RunCommand.run(rest, output: output)
-            case "sync":
-                if wantsHelp { output.out(SyncCommand.help); return 0 }
-                return try SyncCommand.run(rest, output: output)
-            case "forward":
-                if wantsHelp { output.out(ForwardCommand.help); return 0 }
-                return try ForwardCommand.run(rest, output: output)
-            case "outbox":
-                if wantsHelp { output.out(OutboxCommand.help); return 0 }
-                return try OutboxCommand.run(rest, output: output)
-            case "demo":
-                if wantsHelp { output.out(DemoCommand.help); return 0 }
-                return try DemoCommand.run(rest, output: output)
             default:
-                throw UsageError("unknown command '\(command)'; see 'ferry --help'")
+                guard let subcommand = subcommands.first(where: { $0.name == command }) else {
+                    throw UsageError("unknown command '\(command)'; see 'ferry --help'")
+                }
+                if wantsHelp {
+                    output.out(subcommand.help)
+                    return 0
+                }
+                return try subcommand.run(rest, output)
             }
         } catch let error as UsageError {
             output.err("ferry: \(error.description)")
