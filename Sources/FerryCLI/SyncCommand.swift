@@ -166,6 +166,7 @@ enum SyncCommand {
         // bluetoothd restarting mid-sync looks like a plain link loss from the session's side; the cache's
         // generation (bumped on every NameOwnerChanged rebuild) lets the summary say what really happened.
         let bluezGeneration = await client.objects.generation
+        let bluezOwner = try? await client.connection.nameOwner(BlueZInterface.service)
         let store = try GatewayStore(path: dbPath)
         let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
         let transport = try await BlueZSyncTransport(
@@ -192,8 +193,13 @@ enum SyncCommand {
         case "shutdown": result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
         case "noResponse": result = "no response from the peripheral after 3 SYNC_REQs"
         default:
-            let bluezRestarted = await client.objects.generation != bluezGeneration
-            let bluezGone = await !client.objects.isServiceAvailable
+            // The DATA socket's end of file can beat the bus's NameOwnerChanged: ask the bus itself, after a
+            // moment for it to notice a dead bluetoothd (seen in the test bed: ferry exited 1.8 s after a
+            // SIGKILL, before the object cache had heard of it).
+            try? await Task.sleep(for: .milliseconds(300))
+            let ownerNow = try? await client.connection.nameOwner(BlueZInterface.service)
+            let bluezRestarted = await client.objects.generation != bluezGeneration || ownerNow != bluezOwner
+            let bluezGone = await !client.objects.isServiceAvailable || ownerNow == nil
             if runner.summary.backpressure {
                 result = "store over its disk budget"
             } else if bluezRestarted || bluezGone {
