@@ -102,6 +102,9 @@ public enum LiveSessionDriver {
         clock: any MonotonicClock = SystemMonotonicClock()
     ) async {
         await runner.start()
+        // The session can end during start (STREAM_INFO unreadable, subscribe refused): then no event will
+        // ever come, and waiting for one would hang the caller.
+        if runner.finished { return }
         var timer: Task<Void, Never>?
         var armedFor: Double?
         func rearm() {

@@ -47,6 +47,8 @@ public final class SyncSessionRunner {
     /// Highest cursor the store confirmed in this session (or loaded at its start).
     public private(set) var lastCommittedCursor: UInt64 = 0
     public private(set) var acksSent: [UInt64] = []
+    /// Set by an action that ends the session early: the actions queued behind it are dropped.
+    private var dropQueuedActions = false
 
     private let peripheral: PeripheralAddress
     private let store: GatewayStore
@@ -101,6 +103,10 @@ public final class SyncSessionRunner {
         var queue = initial[...]
         while let action = queue.popFirst() {
             let more = await perform(action)
+            if dropQueuedActions {
+                queue.removeAll()
+                dropQueuedActions = false
+            }
             if !more.isEmpty { queue = ArraySlice(Array(queue) + more) }
         }
         updateSummary()
@@ -145,8 +151,16 @@ public final class SyncSessionRunner {
                 try await transport.subscribe()
                 return []
             } catch {
-                log.log(.error, "\(peripheral): subscribe failed: \(error)")
-                return machine.disconnected(now: clock.now()) + [.disconnect(.shutdown)]
+                // Without DATA the session cannot run (e.g. BlueZ still holds a dead process's AcquireNotify:
+                // "Notify acquired"). End it now — the SYNC_REQ queued behind this must not go out — and let
+                // the caller back off and retry.
+                log.log(.warning, "\(peripheral): subscribe failed: \(error)")
+                summary.disconnectReason = "subscribe failed: \(error)"
+                dropQueuedActions = true
+                let flush = machine.disconnected(now: clock.now())
+                await transport.disconnect()
+                finished = true
+                return flush
             }
         case .sendSyncRequest(let last, let window):
             do {
