@@ -194,6 +194,18 @@ def stats(address: str) -> dict:
     raise RuntimeError(f"no readable stats at {path}")
 
 
+def stats_when(address: str, predicate, timeout: float = 3.0) -> dict:
+    """The peripheral's stats once `predicate(stats)` holds, or the last ones after `timeout` seconds: the
+    peripheral rewrites its stats file within 0.5 s of a change, so a check right after ferry exits can
+    otherwise read the state from before the event it is about."""
+    deadline = time.monotonic() + timeout
+    while True:
+        current = stats(address)
+        if predicate(current) or time.monotonic() >= deadline:
+            return current
+        time.sleep(0.1)
+
+
 def wait_stats(address: str, predicate, limit: float) -> dict | None:
     """Polls the peripheral's stats JSON until `predicate(stats)` holds; None after `limit` s."""
     deadline = time.monotonic() + limit

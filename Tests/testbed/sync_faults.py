@@ -39,7 +39,7 @@ def guest() -> int:
     try:
         # a. disconnect mid-burst
         r = b.ferry(b.sync_args(addr, db, timeout=90), limit=120)
-        s = b.stats(addr)
+        s = b.stats_when(addr, lambda st: st["faults_injected"].get("disconnect") == 1)
         store = b.Store(db)
         streams = store.streams(addr)
         cursor = streams[0]["cursor"] if streams else -1
