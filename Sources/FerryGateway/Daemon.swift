@@ -501,7 +501,7 @@ struct SessionWorker: Sendable {
         try? store.recordSyncState(
             PeripheralSyncState(
                 peripheral: address, lastSyncAt: SystemWallClock().nowMillis(),
-                lastResult: s.backpressure ? "backpressure" : (s.disconnectReason.map(Self.shortResult) ?? "linkLost"),
+                lastResult: s.backpressure ? "backpressure" : (s.disconnectReason.map(SyncResultKind.of) ?? "linkLost"),
                 epoch: s.epoch, head: head))
         if let reason = s.disconnectReason, let security = LinkSecurity.encryptionProblem(in: reason) {
             log.log(.warning, "\(address): \(security)")
@@ -518,9 +518,10 @@ struct SessionWorker: Sendable {
     }
 }
 
-extension SessionWorker {
-    /// "streamInfoUnreadable(\"...\")" → "streamInfoUnreadable": the column holds a result kind, not a message.
-    static func shortResult(_ reason: String) -> String {
+/// The kind of a session's end for `peripheral_sync_state.last_result`.
+public enum SyncResultKind {
+    /// "streamInfoUnreadable(\"...\")" → "streamInfoUnreadable": the column holds a kind, not a message.
+    public static func of(_ reason: String) -> String {
         String(reason.prefix { $0 != "(" && $0 != ":" })
     }
 }

@@ -75,17 +75,8 @@ public struct PeripheralPairing: Sendable {
             if await device.isBonded() {
                 log.log(.info, "\(address): BlueZ already holds a bond; verifying it (to pair anew: ferry unpair first)")
             } else {
-                do {
-                    try await device.pair(timeout: pairTimeout)
-                } catch let error as BlueZError where error.kind == .alreadyExists {
-                    // Paired between our check and the call (bluetoothd's own security upgrade): fine.
-                }
+                try await pairAndWaitForBond(device)
                 method = Self.method(from: requests.withLock { $0 })
-                let devicePath = device.path
-                try await client.objects.waitUntil(timeout: .seconds(5)) {
-                    let p = $0.properties(devicePath, BlueZInterface.device)
-                    return (p?["Bonded"]?.bool ?? p?["Paired"]?.bool) == true
-                }
             }
             try await device.setTrusted(true)
             let service = try await verifySyncService(device, address: address)
@@ -95,7 +86,7 @@ public struct PeripheralPairing: Sendable {
             }
         } catch {
             await agent.unregister()
-            try? await device.disconnect()
+            await disconnectAndWait(device)
             throw PairingError("\(address): " + Self.explain(error, requests: requests.withLock { $0 }, passkey: passkey))
         }
         await agent.unregister()
@@ -103,7 +94,7 @@ public struct PeripheralPairing: Sendable {
         let addressType = await device.addressType() ?? "public"
         let name = await device.name()
         let bonded = await device.isBonded()
-        try? await device.disconnect()
+        await disconnectAndWait(device)
         try store.trust(
             TrustedPeripheral(
                 address: identity, addressType: addressType == "random" ? "random" : "public", name: name,
@@ -112,6 +103,52 @@ public struct PeripheralPairing: Sendable {
         return Result(
             address: identity, addressType: addressType, name: name, method: method, bonded: bonded,
             seconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+    }
+
+    /// Device1.Pair, done when BlueZ reports the bond. Two things seen with bluetoothd 5.66 in the test bed:
+    /// Pair called while the first GATT discovery after connect is still running made the bond but never
+    /// replied; so wait for ServicesResolved first, and take Paired/Bonded turning true as success even if
+    /// the reply is still outstanding.
+    private func pairAndWaitForBond(_ device: BlueZDevice) async throws {
+        let devicePath = device.path
+        let cache = client.objects
+        try? await cache.waitUntil(timeout: .seconds(20)) {
+            $0.properties(devicePath, BlueZInterface.device)?["ServicesResolved"]?.bool == true
+        }
+        let timeout = pairTimeout
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask {
+                do {
+                    try await device.pair(timeout: timeout)
+                } catch let error as BlueZError where error.kind == .alreadyExists {
+                    // Bonded between our check and the call (bluetoothd's own security upgrade): fine.
+                }
+            }
+            group.addTask {
+                try await cache.waitUntil(timeout: timeout + .seconds(1)) {
+                    let p = $0.properties(devicePath, BlueZInterface.device)
+                    return (p?["Bonded"]?.bool ?? p?["Paired"]?.bool) == true
+                }
+                // Give the Pair reply (and an error it might carry) a moment to arrive first.
+                try await Task.sleep(for: .milliseconds(500))
+            }
+            defer { group.cancelAll() }
+            try await group.next()
+        }
+        guard await device.isBonded() else {
+            throw PairingError("paired but not bonded: the peripheral did not hand over keys, so every reconnect "
+                + "would be in clear or pair again; Ferry needs a bond")
+        }
+    }
+
+    /// Device1.Disconnect returns before the link is down (~2.5 s with bluetoothd 5.66): a command run right
+    /// after `ferry pair` would otherwise find the device "connected" and lose the link mid-start.
+    private func disconnectAndWait(_ device: BlueZDevice) async {
+        try? await device.disconnect()
+        let devicePath = device.path
+        try? await client.objects.waitUntil(timeout: .seconds(6)) {
+            $0.properties(devicePath, BlueZInterface.device)?["Connected"]?.bool != true
+        }
     }
 
     private func connect(_ address: PeripheralAddress) async throws -> BlueZDevice {
