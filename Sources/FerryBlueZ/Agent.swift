@@ -9,26 +9,73 @@ public enum BlueZAgentCapability: String, Sendable {
     case keyboardDisplay = "KeyboardDisplay"
 }
 
+/// What bluetoothd asked the agent during a pairing: lets the pairing flow tell the operator which method
+/// was used and show a passkey the gateway must display.
+public enum BlueZAgentRequest: Sendable, Equatable {
+    /// RequestPasskey: passkey entry, the peripheral displays the number (MITM-protected).
+    case passkeyRequested(device: String)
+    /// RequestConfirmation: numeric comparison (LE Secure Connections, MITM-protected).
+    case confirmationRequested(device: String, passkey: UInt32)
+    /// RequestAuthorization / AuthorizeService: Just Works on an incoming request, or a service.
+    case authorizationRequested(device: String)
+    /// DisplayPasskey / DisplayPinCode: the operator must type this on the peripheral.
+    case displayPasskey(device: String, passkey: String)
+    /// Cancel: bluetoothd gave up on the request (timeout, link lost).
+    case canceled
+}
+
 /// Pairing decisions. Every request names the device object path, so the gateway can allow only the
 /// peripherals it manages: bluetoothd starts pairing by itself when a characteristic needs
 /// encryption, and with a permissive agent a Just Works device would bond silently.
 public struct BlueZAgentPolicy: Sendable {
-    /// Confirmation / authorization requests (Just Works, numeric comparison, service authorization).
+    /// Authorization requests (Just Works on incoming pairing, service authorization).
     public var authorize: @Sendable (_ devicePath: String) async -> Bool
     /// A passkey to enter for the device, or nil to refuse.
     public var passkey: @Sendable (_ devicePath: String) async -> UInt32?
+    /// Numeric comparison: accept only if the number both sides show is the expected one.
+    public var confirm: @Sendable (_ devicePath: String, _ shown: UInt32) async -> Bool
+    /// Told of every request (before it is answered).
+    public var observe: @Sendable (BlueZAgentRequest) -> Void
 
+    /// `confirm` defaults to: the expected passkey if one is known for the device, else `authorize`.
     public init(
         authorize: @escaping @Sendable (_ devicePath: String) async -> Bool,
-        passkey: @escaping @Sendable (_ devicePath: String) async -> UInt32? = { _ in nil }
+        passkey: @escaping @Sendable (_ devicePath: String) async -> UInt32? = { _ in nil },
+        confirm: (@Sendable (_ devicePath: String, _ shown: UInt32) async -> Bool)? = nil,
+        observe: @escaping @Sendable (BlueZAgentRequest) -> Void = { _ in }
     ) {
         self.authorize = authorize
         self.passkey = passkey
+        self.confirm =
+            confirm ?? { device, shown in
+                if let expected = await passkey(device) { return expected == shown }
+                return await authorize(device)
+            }
+        self.observe = observe
     }
 
     /// Refuses everything: pairing-triggering calls then fail fast instead of hanging until their
     /// D-Bus timeout, which is what happens when no agent is registered at all.
     public static let rejectAll = BlueZAgentPolicy(authorize: { _ in false })
+
+    /// The pairing flow for one device: Just Works is accepted for it; with an operator-provided passkey,
+    /// passkey entry answers with it and numeric comparison accepts only that number. Other devices are
+    /// refused (bluetoothd may start pairings of its own meanwhile).
+    public static func pairing(
+        device: String, passkey: UInt32?, observe: @escaping @Sendable (BlueZAgentRequest) -> Void = { _ in }
+    ) -> BlueZAgentPolicy {
+        BlueZAgentPolicy(
+            authorize: { $0 == device },
+            passkey: { $0 == device ? passkey : nil },
+            confirm: { path, shown in
+                guard path == device else { return false }
+                // Without a number from the operator a comparison cannot be checked: accepting it blindly
+                // would give up exactly the MITM protection numeric comparison exists for.
+                guard let passkey else { return false }
+                return passkey == shown
+            },
+            observe: observe)
+    }
 }
 
 /// An org.bluez.Agent1 exported on the client's connection and registered with AgentManager1.
@@ -105,18 +152,41 @@ public final class BlueZAgent: Sendable {
         guard call.interface == agentInterface || call.interface.isEmpty else { return .unknownMethod(call) }
         let device = call.arguments.first?.objectPath ?? ""
         switch call.member {
-        case "Release", "Cancel", "DisplayPinCode", "DisplayPasskey":
+        case "Release":
+            return .reply([])
+        case "Cancel":
+            policy.observe(.canceled)
+            return .reply([])
+        case "DisplayPasskey":
+            let shown = call.arguments.count > 1 ? call.arguments[1].uint32 ?? 0 : 0
+            policy.observe(.displayPasskey(device: device, passkey: formatPasskey(shown)))
+            return .reply([])
+        case "DisplayPinCode":
+            policy.observe(.displayPasskey(device: device, passkey: call.arguments.count > 1 ? call.arguments[1].string ?? "" : ""))
             return .reply([])
         case "RequestPinCode":
             return rejected("PIN codes are not supported")  // legacy BR/EDR pairing; not for LE peripherals
         case "RequestPasskey":
+            policy.observe(.passkeyRequested(device: device))
             guard let passkey = await policy.passkey(device) else { return rejected("no passkey for \(device)") }
             return .reply([.uint32(passkey)])
-        case "RequestConfirmation", "RequestAuthorization", "AuthorizeService":
+        case "RequestConfirmation":
+            let shown = call.arguments.count > 1 ? call.arguments[1].uint32 ?? 0 : 0
+            policy.observe(.confirmationRequested(device: device, passkey: shown))
+            return await policy.confirm(device, shown)
+                ? .reply([]) : rejected("numeric comparison for \(device) not confirmed (\(formatPasskey(shown)))")
+        case "RequestAuthorization", "AuthorizeService":
+            policy.observe(.authorizationRequested(device: device))
             return await policy.authorize(device) ? .reply([]) : rejected("pairing with \(device) not allowed")
         default:
             return .unknownMethod(call)
         }
+    }
+
+    /// Passkeys are six decimal digits with leading zeros, as both sides display them.
+    public static func formatPasskey(_ value: UInt32) -> String {
+        let digits = String(value)
+        return String(repeating: "0", count: max(0, 6 - digits.count)) + digits
     }
 }
 

@@ -49,6 +49,20 @@ public final class BlueZClient: Sendable {
         BlueZDevice(path: adapter.devicePath(forAddress: address), cache: objects)
     }
 
+    /// The device BlueZ knows under `address` on `adapter`, by its Address property: after bonding with a
+    /// peripheral that used a resolvable private address, the object path still names the address it was
+    /// first seen with while Address is the identity address. Falls back to the path-derived device.
+    public func knownDevice(address: String, on adapter: BlueZAdapter) async -> BlueZDevice? {
+        let prefix = adapter.path + "/"
+        let wanted = address.uppercased()
+        for device in await objects.snapshot.all(implementing: BlueZInterface.device)
+        where device.path.hasPrefix(prefix) && device.properties["Address"]?.string?.uppercased() == wanted {
+            return BlueZDevice(path: device.path, cache: objects)
+        }
+        let byPath = self.device(address: address, on: adapter)
+        return await byPath.properties() == nil ? nil : byPath
+    }
+
     /// The single shared discovery of `adapter` for the Sync service.
     public func discovery(on adapter: BlueZAdapter) -> BlueZDiscovery {
         discoveries.withLock { all in

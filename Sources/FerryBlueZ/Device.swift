@@ -38,6 +38,45 @@ public struct BlueZDevice: Sendable {
         try await deviceCall("Disconnect", timeout: timeout)
     }
 
+    /// "public" or "random" (Device1.AddressType). After bonding with a peripheral that uses resolvable private
+    /// addresses, BlueZ reports its identity address in `Address`: key streams by that.
+    public func addressType() async -> String? { await properties()?["AddressType"]?.string }
+    public func name() async -> String? {
+        let properties = await properties()
+        return properties?["Name"]?.string ?? properties?["Alias"]?.string
+    }
+    public func isPaired() async -> Bool { await properties()?["Paired"]?.bool ?? false }
+    /// Keys stored for reconnection (Device1.Bonded, BlueZ ≥ 5.64); older BlueZ only has Paired, which for an
+    /// LE pairing with bonding means the same.
+    public func isBonded() async -> Bool {
+        guard let properties = await properties() else { return false }
+        return properties["Bonded"]?.bool ?? properties["Paired"]?.bool ?? false
+    }
+    public func isTrusted() async -> Bool { await properties()?["Trusted"]?.bool ?? false }
+
+    /// Device1.Pair: the agent registered by this connection (or the default agent) answers bluetoothd's
+    /// questions. AlreadyExists means it is paired already.
+    public func pair(timeout: Duration = .seconds(60)) async throws {
+        try await deviceCall("Pair", timeout: timeout)
+    }
+
+    public func cancelPairing(timeout: Duration = .seconds(5)) async throws {
+        try await deviceCall("CancelPairing", timeout: timeout)
+    }
+
+    /// Device1.Trusted: bluetoothd then accepts the device's own connection and service requests without
+    /// asking the agent.
+    public func setTrusted(_ trusted: Bool, timeout: Duration = .seconds(10)) async throws {
+        let connection = self.connection
+        let service = self.service
+        let path = self.path
+        try await mappingErrors {
+            try await connection.setProperty(
+                destination: service, path: path, interface: BlueZInterface.device, name: "Trusted",
+                value: .bool(trusted), timeout: timeout)
+        }
+    }
+
     /// Waits until the device is connected, ServicesResolved is true AND the GATT objects the caller
     /// needs are exported: BlueZ can report ServicesResolved before the characteristic objects appear
     /// on the bus, so waiting on the flag alone races.

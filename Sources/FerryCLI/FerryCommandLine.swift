@@ -34,6 +34,15 @@ public enum FerryCommandLine {
             name: "sync", summary: "One sync with one peripheral over BlueZ, until it is caught up",
             help: SyncCommand.help, run: SyncCommand.run),
         Subcommand(
+            name: "pair", summary: "Pair with a peripheral (bond, Trusted, Sync service checked) and trust it",
+            help: PairCommand.help, run: PairCommand.run),
+        Subcommand(
+            name: "unpair", summary: "Forget a peripheral: remove its bond and its trust (its stored data stays)",
+            help: UnpairCommand.help, run: UnpairCommand.run),
+        Subcommand(
+            name: "peripherals", summary: "Trusted peripherals: bond state, last sync, cursor, backlog",
+            help: PeripheralsCommand.help, run: PeripheralsCommand.run),
+        Subcommand(
             name: "ingest", summary: "Feed a captured DATA byte stream into the store (same decoder and rules as a live sync)",
             help: IngestCommand.help, run: IngestCommand.run),
         Subcommand(

@@ -23,20 +23,24 @@ enum SyncCommand {
           --disk-budget B    stop committing (so stop acknowledging: the peripheral keeps its events) once the
                              store and its WAL exceed B bytes; the result says so (default: no budget)
           --bus ADDRESS      D-Bus address of the bus bluetoothd is on (default: the system bus)
+          --require-bond     refuse (exit 1, before connecting) unless BlueZ holds a bond with the peripheral, as
+                             `ferry run` does by default; without it an unbonded peripheral is synced in clear,
+                             and one whose Sync service needs encryption fails with a line saying to pair it
           --json             print one JSON object: {"address","result","frames_stored","duplicates","gaps",
                              "regressions","corrupt","crc_mismatches","stalls","epoch","cursor","notify_path","mtu",
                              "duration_seconds"}
           --verbose          log connection steps on stderr
 
-        Exit status: 0 caught up; 1 failed (adapter missing, device not found, not a Sync peripheral, timeout,
-        link lost before catching up; the message says which); 2 usage error.
+        Exit status: 0 caught up; 1 failed (adapter missing, device not found, not a Sync peripheral, not bonded,
+        encryption needed but no bond, timeout, link lost before catching up; the message says which); 2 usage
+        error.
         """
 
     static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
         let args = try ParsedArguments(
             arguments, command: "sync",
             options: ["--address", "--adapter", "--db", "--timeout", "--window", "--notify", "--bus", "--disk-budget"],
-            flags: ["--json", "--verbose"])
+            flags: ["--json", "--verbose", "--require-bond"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
         let address = try FerryCommandLine.address(try args.required("--address", command: "sync"), option: "--address")
         let dbPath = try args.required("--db", command: "sync")
@@ -53,6 +57,7 @@ enum SyncCommand {
         let adapterName = args.values["--adapter"]
         let bus = args.values["--bus"]
         let json = args.flags.contains("--json")
+        let requireBond = args.flags.contains("--require-bond")
         let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .warning)
         _ = try FerryCommandLine.openStore(dbPath, create: true)  // fail on a bad store before touching the radio
 
@@ -62,7 +67,7 @@ enum SyncCommand {
         let outcome = try AsyncBridge.run(cancelOnSignals: true) {
             try await sync(
                 address: address, adapterName: adapterName, dbPath: dbPath, bus: bus, timeout: timeout,
-                configuration: configuration, notify: notify, diskBudget: diskBudget, log: log)
+                configuration: configuration, notify: notify, diskBudget: diskBudget, requireBond: requireBond, log: log)
         }
         let s = outcome.summary
         if json {
@@ -102,7 +107,8 @@ enum SyncCommand {
 
     static func sync(
         address: PeripheralAddress, adapterName: String?, dbPath: String, bus: String?, timeout: Double,
-        configuration: SyncSession.Configuration, notify: GattNotifyMethod, diskBudget: Int64?, log: any LogSink
+        configuration: SyncSession.Configuration, notify: GattNotifyMethod, diskBudget: Int64?, requireBond: Bool,
+        log: any LogSink
     ) async throws -> Outcome {
         let started = ContinuousClock.now
         let deadline = started + .milliseconds(Int64(timeout * 1000))
@@ -112,21 +118,23 @@ enum SyncCommand {
             return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
         }
 
-        let client: BlueZClient
-        do {
-            let connection = try await DBusConnection.connect(
-                to: bus.map { .address($0) } ?? .system, defaultCallTimeout: .seconds(25))
-            client = try await BlueZClient(connection: connection)
-        } catch {
-            throw CommandFailure("cannot reach bluetoothd on the system bus: \(error)")
+        let client = try await BlueZAccess.client(bus: bus)
+        let adapter = try await BlueZAccess.poweredAdapter(client, named: adapterName)
+        if requireBond {
+            let known = await client.knownDevice(address: address.string, on: adapter)
+            guard let known, await known.isBonded() else {
+                throw CommandFailure(
+                    "\(address) is not bonded with this gateway (--require-bond): nothing synced; "
+                        + "pair it first with `ferry pair --address \(address)`")
+            }
         }
-        let adapter: BlueZAdapter
-        do { adapter = try await client.adapter(named: adapterName) } catch {
-            throw CommandFailure("adapter missing: \(error)")
-        }
-        guard await adapter.isPowered() else {
-            throw CommandFailure("adapter \(adapter.name) is powered off (bluetoothctl power on)")
-        }
+        // Pairing prompts bluetoothd sends while we touch the Sync characteristics (a peripheral demanding
+        // encryption) are refused at once: pairing is `ferry pair`'s job, and with no agent at all such a
+        // call would hang until its D-Bus timeout.
+        let agent = try? await BlueZAgent.register(
+            client: client, path: "/ferry/sync_agent", policy: .rejectAll, makeDefault: false,
+            log: { log.log(.debug, $0) })
+        defer { if let agent { Task { await agent.unregister() } } }
         var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) {
             log.log(.info, $0)
         }
@@ -202,6 +210,8 @@ enum SyncCommand {
             let bluezGone = await !client.objects.isServiceAvailable || ownerNow == nil
             if runner.summary.backpressure {
                 result = "store over its disk budget"
+            } else if let security = LinkSecurity.encryptionProblem(in: reason) {
+                result = security
             } else if bluezRestarted || bluezGone {
                 result = "\(reason): bluetoothd exited or restarted during the sync (committed frames are kept; run again)"
             } else {

@@ -52,7 +52,29 @@ enum Schema {
             CREATE INDEX idx_outbox_queue ON outbox_events (status, next_retry_at);
             CREATE INDEX idx_outbox_batch ON outbox_events (batch_id) WHERE batch_id IS NOT NULL;
             """
-        )
+        ),
+        (
+            2,
+            """
+            -- Peripherals the operator paired with this gateway (`ferry pair`): the production allowlist.
+            CREATE TABLE trusted_peripherals (
+                address        TEXT    PRIMARY KEY NOT NULL,  -- identity address, as BlueZ reports it once bonded
+                address_type   TEXT    NOT NULL CHECK (address_type IN ('public', 'random')),
+                name           TEXT,
+                pairing_method TEXT    NOT NULL,              -- just-works | passkey | numeric-comparison | existing-bond
+                paired_at      INTEGER NOT NULL               -- unix milliseconds
+            );
+
+            -- How each peripheral's last session ended (ferry run / ferry sync), for `ferry peripherals`.
+            CREATE TABLE peripheral_sync_state (
+                peripheral   TEXT    PRIMARY KEY NOT NULL,
+                last_sync_at INTEGER NOT NULL,                -- unix milliseconds
+                last_result  TEXT    NOT NULL,                -- caughtUp | shutdown | linkLost | ... or a refusal
+                epoch        TEXT,                            -- the stream's store epoch (decimal text)
+                head         INTEGER                          -- STREAM_INFO head last seen, if any
+            );
+            """
+        ),
     ]
 
     static var latestVersion: Int64 { migrations.last!.version }

@@ -1,0 +1,215 @@
+import FerryBlueZ
+import FerryDBus
+import FerryProtocol
+import FerryStore
+
+/// How a pairing was authenticated, as recorded in `trusted_peripherals.pairing_method`.
+public enum PairingMethod: String, Sendable {
+    /// No MITM protection: anyone in radio range during pairing could have sat in the middle.
+    case justWorks = "just-works"
+    /// The peripheral displayed a passkey, the operator gave it to Ferry.
+    case passkey = "passkey"
+    /// Both sides showed a number; Ferry accepted it because it matched the operator's.
+    case numericComparison = "numeric-comparison"
+    /// BlueZ already held a bond for it (made earlier, maybe by another tool).
+    case existingBond = "existing-bond"
+}
+
+/// A failed `ferry pair`, with the operator's next step in the message.
+public struct PairingError: Error, CustomStringConvertible, Sendable {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// The operator's pairing flow: connect, Device1.Pair with Ferry's agent, Trusted, verify the Sync service
+/// over the now encrypted link, record the peripheral as trusted under its identity address.
+public struct PeripheralPairing: Sendable {
+    public struct Result: Sendable {
+        /// The identity address (what streams are keyed by).
+        public var address: PeripheralAddress
+        public var addressType: String
+        public var name: String?
+        public var method: PairingMethod
+        public var bonded: Bool
+        public var seconds: Double
+    }
+
+    public let client: BlueZClient
+    public let adapter: BlueZAdapter
+    public let log: any LogSink
+    public var connectTimeout: Duration = .seconds(35)
+    public var pairTimeout: Duration = .seconds(60)
+
+    public init(client: BlueZClient, adapter: BlueZAdapter, log: any LogSink) {
+        self.client = client
+        self.adapter = adapter
+        self.log = log
+    }
+
+    /// Pairs with `address`. `passkey`: the number the peripheral displays (passkey entry) or shows for
+    /// comparison; without it only Just Works can succeed.
+    public func pair(address: PeripheralAddress, passkey: UInt32?, store: GatewayStore) async throws -> Result {
+        let started = ContinuousClock.now
+        let requests = LockedValue<[BlueZAgentRequest]>([])
+        let device = try await connect(address)
+        let log = self.log
+        let policy = BlueZAgentPolicy.pairing(device: device.path, passkey: passkey) { request in
+            requests.withLock { $0.append(request) }
+            switch request {
+            case .displayPasskey(_, let shown):
+                log.log(.notice, "\(address): enter passkey \(shown) on the peripheral")
+            case .confirmationRequested(_, let shown):
+                log.log(.info, "\(address): numeric comparison, the peripheral shows \(BlueZAgent.formatPasskey(shown))")
+            case .passkeyRequested:
+                log.log(.info, "\(address): the peripheral asks for its passkey")
+            default: break
+            }
+        }
+        // KeyboardDisplay lets bluetoothd pick passkey entry or numeric comparison (both need the operator's
+        // number); without a number NoInputNoOutput asks for Just Works, the only method Ferry can finish.
+        let agent = try await BlueZAgent.register(
+            client: client, path: "/ferry/pairing", capability: passkey == nil ? .noInputNoOutput : .keyboardDisplay,
+            policy: policy, makeDefault: false, log: { log.log(.debug, $0) })
+        var method = PairingMethod.existingBond
+        do {
+            if await device.isBonded() {
+                log.log(.info, "\(address): BlueZ already holds a bond; verifying it (to pair anew: ferry unpair first)")
+            } else {
+                do {
+                    try await device.pair(timeout: pairTimeout)
+                } catch let error as BlueZError where error.kind == .alreadyExists {
+                    // Paired between our check and the call (bluetoothd's own security upgrade): fine.
+                }
+                method = Self.method(from: requests.withLock { $0 })
+                let devicePath = device.path
+                try await client.objects.waitUntil(timeout: .seconds(5)) {
+                    let p = $0.properties(devicePath, BlueZInterface.device)
+                    return (p?["Bonded"]?.bool ?? p?["Paired"]?.bool) == true
+                }
+            }
+            try await device.setTrusted(true)
+            let service = try await verifySyncService(device, address: address)
+            // A read over the encrypted link proves the keys work both ways (the peripheral may refuse clear reads).
+            if let info = await service.characteristic(uuid: SyncProfile.streamInfoUUID) {
+                _ = try await info.readValue()
+            }
+        } catch {
+            await agent.unregister()
+            try? await device.disconnect()
+            throw PairingError("\(address): " + Self.explain(error, requests: requests.withLock { $0 }, passkey: passkey))
+        }
+        await agent.unregister()
+        let identity = await device.address().flatMap(PeripheralAddress.init) ?? address
+        let addressType = await device.addressType() ?? "public"
+        let name = await device.name()
+        let bonded = await device.isBonded()
+        try? await device.disconnect()
+        try store.trust(
+            TrustedPeripheral(
+                address: identity, addressType: addressType == "random" ? "random" : "public", name: name,
+                pairingMethod: method.rawValue, pairedAt: SystemWallClock().nowMillis()))
+        let elapsed = ContinuousClock.now - started
+        return Result(
+            address: identity, addressType: addressType, name: name, method: method, bonded: bonded,
+            seconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+    }
+
+    private func connect(_ address: PeripheralAddress) async throws -> BlueZDevice {
+        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) { [log] in
+            log.log(.debug, $0)
+        }
+        connector.waitTimeout = .seconds(30)
+        var policy = ConnectRetryPolicy()
+        do {
+            if let known = await client.knownDevice(address: address.string, on: adapter),
+                await known.isConnected()
+            {
+                return known
+            }
+            return try await connector.connect(policy: &policy, connectTimeout: connectTimeout)
+        } catch let error as BlueZError
+            where error.kind == .timeout || error.kind == .unknownObject || error.kind == .notFound
+        {
+            throw PairingError("\(address): not found on \(adapter.name) (is it advertising and in range?): \(error)")
+        } catch {
+            throw PairingError("\(address): cannot connect: \(error)")
+        }
+    }
+
+    private func verifySyncService(_ device: BlueZDevice, address: PeripheralAddress) async throws -> BlueZGattService {
+        do {
+            return try await device.waitUntilServicesResolved(
+                serviceUUID: SyncProfile.serviceUUID,
+                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(20))
+        } catch {
+            let uuids = await device.gattServiceUUIDs()
+            if !uuids.isEmpty && !uuids.contains(SyncProfile.serviceUUID) {
+                // Ferry only keeps bonds it will use: drop the one just made.
+                try? await adapter.removeDevice(device.path)
+                throw PairingError("not a Sync peripheral (its services: \(uuids.joined(separator: ", "))); bond removed")
+            }
+            throw error
+        }
+    }
+
+    static func method(from requests: [BlueZAgentRequest]) -> PairingMethod {
+        for request in requests {
+            switch request {
+            case .passkeyRequested, .displayPasskey: return .passkey
+            case .confirmationRequested: return .numericComparison
+            default: continue
+            }
+        }
+        return .justWorks
+    }
+
+    /// One line an operator can act on.
+    static func explain(_ error: any Error, requests: [BlueZAgentRequest], passkey: UInt32?) -> String {
+        let askedForNumber = requests.contains {
+            if case .passkeyRequested = $0 { return true }
+            if case .confirmationRequested = $0 { return true }
+            return false
+        }
+        guard let bluez = error as? BlueZError else { return "\(error)" }
+        switch bluez.kind {
+        case .authenticationFailed, .authenticationRejected, .authenticationCanceled:
+            if askedForNumber && passkey == nil {
+                return "authentication failed: the peripheral wants a passkey; run again with --passkey N "
+                    + "(the number it displays) [\(bluez)]"
+            }
+            if passkey != nil {
+                return "authentication failed: wrong passkey, or the peripheral refused to pair [\(bluez)]"
+            }
+            return "authentication failed: the peripheral refused Just Works pairing (does it need a passkey? "
+                + "then --passkey N) [\(bluez)]"
+        case .authenticationTimeout:
+            return "pairing timed out: nobody confirmed on the peripheral in time [\(bluez)]"
+        case .connectionAttemptFailed, .notConnected:
+            return "the link dropped during pairing (out of range?) [\(bluez)]"
+        default:
+            if let hint = LinkSecurity.encryptionProblem(in: bluez.description) { return hint }
+            return "\(bluez)"
+        }
+    }
+}
+
+/// Reading BlueZ's errors for the one thing an operator must know: the link needed encryption and there
+/// was no usable bond.
+public enum LinkSecurity {
+    /// ATT errors a peripheral answers when a characteristic needs more security than the link has:
+    /// 0x05 insufficient authentication, 0x08 insufficient authorization, 0x0c insufficient encryption key
+    /// size, 0x0e unlikely error (what bluetoothd 5.66 reports when the pairing it started was refused),
+    /// 0x0f insufficient encryption.
+    static let securityATTErrors = ["0x05", "0x08", "0x0c", "0x0e", "0x0f"]
+
+    /// A clear sentence if `text` (an error or a session's end reason) shows a security refusal, else nil.
+    public static func encryptionProblem(in text: String) -> String? {
+        let lowered = text.lowercased()
+        let attRefusal = securityATTErrors.contains { lowered.contains("att error: \($0)") }
+        let authFailure = lowered.contains("authenticationfailed") || lowered.contains("authenticationrejected")
+            || lowered.contains("authentication failed") || lowered.contains("authenticationcanceled")
+        guard attRefusal || authFailure else { return nil }
+        return "the peripheral's Sync characteristics need an encrypted link and there is no usable bond "
+            + "(pairing refused or failed): pair it first with `ferry pair --address ADDR [--passkey N]` [\(text)]"
+    }
+}
