@@ -42,7 +42,7 @@ let package = Package(
         .testTarget(name: "FerryStoreTests", dependencies: ["FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryIntegrationTests", dependencies: ["FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ"]),
+        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ", "FerryGateway", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore"]),
     ],
     swiftLanguageModes: [.v6]

@@ -183,6 +183,12 @@ public final class BlueZAgent: Sendable {
         }
     }
 
+    /// "/org/bluez/hci0/dev_C0_FF_EE_00_00_01" → "C0:FF:EE:00:00:01" (for log lines).
+    public static func address(ofDevicePath path: String) -> String {
+        guard let last = path.split(separator: "/").last, last.hasPrefix("dev_") else { return path }
+        return String(last.dropFirst(4).map { $0 == "_" ? ":" : $0 })
+    }
+
     /// Passkeys are six decimal digits with leading zeros, as both sides display them.
     public static func formatPasskey(_ value: UInt32) -> String {
         let digits = String(value)

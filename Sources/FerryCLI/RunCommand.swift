@@ -13,7 +13,8 @@ enum RunCommand {
     static let help = """
         Usage: ferry run --config FILE [overrides]
 
-        The gateway daemon: keeps the allowed peripherals synced through a few BLE connection slots (backlog
+        The gateway daemon: keeps the allowed peripherals (the config's allowlist plus those paired with
+        `ferry pair`; by default only ones BlueZ holds a bond for, so only over encrypted links) synced through a few BLE connection slots (backlog
         and age decide who goes next; failures back off per peripheral), stores every validated frame, and
         forwards the outbox to the backend alongside. Runs until SIGTERM/SIGINT: then it takes no more frames,
         commits what is staged, acknowledges only what is committed, disconnects and exits within a few
@@ -24,6 +25,7 @@ enum RunCommand {
           --adapter hciN           the Bluetooth adapter (default: the first)
           --peripherals A,B,...    replace the allowlist (sync and release)
           --allow-any              lab mode: sync any peripheral advertising the Sync service
+          --allow-unbonded         lab mode: also sync peripherals BlueZ holds no bond for (require_bond false)
           --max-connections N      concurrent sessions (default 3)
           --sync-interval S        re-sync a caught-up peripheral after S seconds (default 60)
           --window N               SYNC_REQ window (default 20)
@@ -44,7 +46,7 @@ enum RunCommand {
                 "--config", "--state-dir", "--adapter", "--peripherals", "--max-connections", "--sync-interval",
                 "--window", "--endpoint", "--token-file", "--gateway-id", "--log-level", "--bus",
             ],
-            flags: ["--allow-any"])
+            flags: ["--allow-any", "--allow-unbonded"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
         let configPath = try args.required("--config", command: "run")
         let configuration = try load(configPath, overrides: args)
@@ -112,6 +114,7 @@ enum RunCommand {
             }
         }
         if args.flags.contains("--allow-any") { c.allowAnySyncPeripheral = true }
+        if args.flags.contains("--allow-unbonded") { c.requireBond = false }
         if args.values["--max-connections"] != nil {
             c.maxConnections = try args.integer("--max-connections", Int.self, default: 3, range: 1...10)
         }

@@ -25,6 +25,13 @@ public actor GatewayDaemon {
     private var scheduler: SyncScheduler
     private var sessions: [PeripheralAddress: ActiveSession] = [:]
     private var stopping = false
+    /// Peripherals paired with `ferry pair` (the store's trusted_peripherals), re-read every few seconds so a
+    /// pairing done while the daemon runs is picked up without a reload.
+    private var trusted: Set<PeripheralAddress> = []
+    private var trustedReadAt = -Double.infinity
+    private var registry: GatewayStore?
+    /// Why a candidate is not being synced (not bonded...), so each refusal is logged once, not every loop.
+    private var refusals: [PeripheralAddress: String] = [:]
     /// Totals since start, for the exit summary.
     public private(set) var totals = Totals()
 
@@ -65,17 +72,21 @@ public actor GatewayDaemon {
         kept.peripherals = configuration.peripherals
         kept.allowAnySyncPeripheral = configuration.allowAnySyncPeripheral
         kept.stayConnectedDefault = configuration.stayConnectedDefault
+        kept.requireBond = configuration.requireBond
         if kept != configuration {
-            log.log(.warning, "reload: only the allowlist (peripherals, allow_any_sync_peripheral, stay_connected_default) is reloaded; restart for the other changes")
+            log.log(.warning, "reload: only the allowlist (peripherals, allow_any_sync_peripheral, stay_connected_default, require_bond) is reloaded; restart for the other changes")
         }
         configuration.peripherals = new.peripherals
         configuration.allowAnySyncPeripheral = new.allowAnySyncPeripheral
         configuration.stayConnectedDefault = new.stayConnectedDefault
+        configuration.requireBond = new.requireBond
+        refusals = [:]
         log.log(
             .notice,
             "reload: \(new.peripherals.count) allowed peripherals"
-                + (new.allowAnySyncPeripheral ? ", lab mode (any Sync peripheral)" : ""))
-        for (address, session) in sessions where configuration.policy(for: address) == nil {
+                + (new.allowAnySyncPeripheral ? ", lab mode (any Sync peripheral)" : "")
+                + (new.requireBond ? ", bonded only" : ", unbonded allowed (lab)"))
+        for (address, session) in sessions where configuration.policy(for: address, trusted: trusted) == nil {
             log.log(.notice, "\(address): no longer allowed, stopping its session")
             session.control?.yield(.stop)
         }
@@ -84,14 +95,23 @@ public actor GatewayDaemon {
     /// Runs until the calling task is cancelled; then shuts down gracefully and returns.
     public func run() async throws {
         let dbPath = configuration.databasePath
-        _ = try GatewayStore(path: dbPath, create: true)  // create/migrate once, before any radio work
+        registry = try GatewayStore(path: dbPath, create: true)  // create/migrate once, before any radio work
+        refreshTrusted(force: true)
         let forwarder = try startForwarder(databasePath: dbPath)
         log.log(
             .notice,
             "ferry run: store \(dbPath), \(configuration.maxConnections) slots, "
                 + (configuration.allowAnySyncPeripheral
                     ? "lab mode (any Sync peripheral)" : "allowlist of \(configuration.peripherals.count)")
+                + " + \(trusted.count) paired, "
+                + (configuration.requireBond ? "bonded peripherals only" : "unbonded peripherals allowed (lab)")
                 + (configuration.uplink.endpoint.map { ", uplink \($0)" } ?? ", store only (no uplink endpoint)"))
+        if configuration.peripherals.isEmpty && trusted.isEmpty && !configuration.allowAnySyncPeripheral {
+            log.log(
+                .warning,
+                "nothing to sync yet: no peripheral is listed in the config or paired (ferry pair --address ADDR "
+                    + "--db \(dbPath)); paired ones are picked up while running")
+        }
         await withTaskCancellationHandler {
             await schedulingLoop()
         } onCancel: {
@@ -141,6 +161,7 @@ public actor GatewayDaemon {
         var client: BlueZClient?
         var adapter: BlueZAdapter?
         var discoveryLease: DiscoveryLease?
+        var agent: BlueZAgent?
         var lastWarning = ""
         var lastPowerAttempt = -Double.infinity
         func warnOnce(_ message: String) {
@@ -152,6 +173,7 @@ public actor GatewayDaemon {
             if client == nil {
                 do {
                     client = try await BlueZClient(connection: try await connectBus(), log: { [log] in log.log(.debug, $0) })
+                    agent = await registerAgent(client!)
                 } catch {
                     warnOnce("cannot reach the D-Bus system bus: \(error); retrying")
                 }
@@ -183,9 +205,17 @@ public actor GatewayDaemon {
                         await lease.release()
                         discoveryLease = nil
                     }
+                    refreshTrusted(force: false)
                     await refreshCandidates(client: client, adapter: adapter)
                     for address in scheduler.due(now: now) {
-                        guard let policy = configuration.policy(for: address) else { continue }
+                        guard let policy = configuration.policy(for: address, trusted: trusted) else { continue }
+                        if let refusal = await bondRefusal(address, client: client, adapter: adapter) {
+                            refuse(address, refusal)
+                            continue
+                        }
+                        if refusals.removeValue(forKey: address) != nil {
+                            log.log(.notice, "\(address): bonded now; syncing it")
+                        }
                         start(policy, client: client, adapter: adapter)
                     }
                 }
@@ -194,10 +224,11 @@ public actor GatewayDaemon {
             try? await Task.sleep(nanoseconds: 250_000_000)
         }
         await discoveryLease?.release()
+        await agent?.unregister()
     }
 
     private func refreshCandidates(client: BlueZClient, adapter: BlueZAdapter) async {
-        var candidates = Set(configuration.peripherals.map(\.address))
+        var candidates = Set(configuration.peripherals.map(\.address)).union(trusted)
         if configuration.allowAnySyncPeripheral {
             let prefix = adapter.path + "/"
             for device in await client.objects.snapshot.all(implementing: BlueZInterface.device)
@@ -211,6 +242,82 @@ public actor GatewayDaemon {
             }
         }
         scheduler.setCandidates(candidates)
+    }
+
+    // MARK: link security
+
+    /// The store's trusted peripherals, re-read at most every 5 s (or now, with `force`).
+    private func refreshTrusted(force: Bool) {
+        let now = clock.now()
+        guard force || now - trustedReadAt >= 5, let registry else { return }
+        trustedReadAt = now
+        do {
+            let fresh = Set(try registry.trustedPeripherals().map(\.address))
+            for address in fresh.subtracting(trusted) where !force {
+                log.log(.notice, "\(address): paired (trusted peripherals); will sync it")
+            }
+            for address in trusted.subtracting(fresh) {
+                log.log(.notice, "\(address): unpaired (removed from trusted peripherals)")
+                if configuration.policy(for: address, trusted: fresh) == nil { sessions[address]?.control?.yield(.stop) }
+            }
+            trusted = fresh
+        } catch {
+            log.log(.error, "cannot read trusted peripherals: \(error)")
+        }
+    }
+
+    /// Why `address` must not be connected under the bond policy, or nil. Checked before connecting: a
+    /// clear-link access to a Sync characteristic that needs encryption makes bluetoothd pair by itself (Just
+    /// Works bonds silently), so the gateway, not BlueZ, has to say no. Bonded devices are loaded by
+    /// bluetoothd at start, so the check needs no radio.
+    private func bondRefusal(_ address: PeripheralAddress, client: BlueZClient, adapter: BlueZAdapter) async -> String? {
+        guard configuration.requireBond else { return nil }
+        let device = await client.knownDevice(address: address.string, on: adapter)
+        if let device, await device.isBonded() { return nil }
+        if trusted.contains(address) {
+            return "bond lost: paired with this gateway, but BlueZ holds no key for it any more; not syncing it "
+                + "(require_bond). Re-pair explicitly: ferry unpair \(address), clear the bond on the peripheral, "
+                + "ferry pair --address \(address)"
+        }
+        return "not bonded with this gateway: not syncing it (require_bond is on; pair it with "
+            + "`ferry pair --address \(address)`, or set require_bond false in a lab)"
+    }
+
+    private func refuse(_ address: PeripheralAddress, _ why: String) {
+        guard refusals[address] != why else { return }
+        refusals[address] = why
+        log.log(.warning, "\(address): \(why)")
+        try? registry?.recordSyncState(
+            PeripheralSyncState(
+                peripheral: address, lastSyncAt: SystemWallClock().nowMillis(),
+                lastResult: why.hasPrefix("bond lost") ? "refused: bond lost" : "refused: not bonded", epoch: nil, head: nil))
+    }
+
+    /// The daemon's Agent1: refuses every request. Pairing is an explicit operator action (`ferry pair`); an
+    /// agent must still exist, or pairing bluetoothd starts by itself would hang its caller until timeout.
+    private func registerAgent(_ client: BlueZClient) async -> BlueZAgent? {
+        let log = self.log
+        let policy = BlueZAgentPolicy(
+            authorize: { _ in false },
+            observe: { request in
+                switch request {
+                case .passkeyRequested(let device), .confirmationRequested(let device, _),
+                    .authorizationRequested(let device):
+                    log.log(
+                        .warning,
+                        "\(BlueZAgent.address(ofDevicePath: device)): bluetoothd asked to pair: refused (pairing is "
+                            + "an explicit operator action: ferry pair)")
+                default: break
+                }
+            })
+        do {
+            return try await BlueZAgent.register(
+                client: client, path: "/ferry/agent", capability: .noInputNoOutput, policy: policy, makeDefault: true,
+                log: { log.log(.debug, $0) })
+        } catch {
+            log.log(.warning, "cannot register the pairing agent: \(error) (pairing requests will time out)")
+            return nil
+        }
     }
 
     private func start(_ policy: PeripheralPolicy, client: BlueZClient, adapter: BlueZAdapter) {
@@ -233,7 +340,7 @@ public actor GatewayDaemon {
     /// stopping (the session then disconnects without starting).
     private func attach(_ address: PeripheralAddress, _ continuation: AsyncStream<LinkEvent>.Continuation) -> Bool {
         sessions[address]?.control = continuation
-        return !stopping && configuration.policy(for: address) != nil
+        return !stopping && configuration.policy(for: address, trusted: trusted) != nil
     }
 
     private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
@@ -391,6 +498,14 @@ struct SessionWorker: Sendable {
         default: outcome = .failed
         }
         let rate = seconds > 0 ? Double(s.framesStored) / seconds : 0
+        try? store.recordSyncState(
+            PeripheralSyncState(
+                peripheral: address, lastSyncAt: SystemWallClock().nowMillis(),
+                lastResult: s.backpressure ? "backpressure" : (s.disconnectReason.map(Self.shortResult) ?? "linkLost"),
+                epoch: s.epoch, head: head))
+        if let reason = s.disconnectReason, let security = LinkSecurity.encryptionProblem(in: reason) {
+            log.log(.warning, "\(address): \(security)")
+        }
         log.log(
             outcome == .failed ? .warning : .notice,
             "\(address): sync \(s.disconnectReason ?? "link lost"): \(s.framesStored) frames stored in "
@@ -400,6 +515,13 @@ struct SessionWorker: Sendable {
                 + (s.backpressure ? "; store over its disk budget (backpressure)" : "")
                 + " [via \(transport.notifyMethod?.rawValue ?? "none")]")
         return SessionResult(outcome: outcome, summary: s)
+    }
+}
+
+extension SessionWorker {
+    /// "streamInfoUnreadable(\"...\")" → "streamInfoUnreadable": the column holds a result kind, not a message.
+    static func shortResult(_ reason: String) -> String {
+        String(reason.prefix { $0 != "(" && $0 != ":" })
     }
 }
 

@@ -43,8 +43,11 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var peripherals: [PeripheralPolicy] = []
     /// Lab mode: connect to any peripheral advertising the Sync service.
     public var allowAnySyncPeripheral = false
-    /// Policy for peripherals found in lab mode that are not in `peripherals`.
+    /// Policy for peripherals found in lab mode, and for trusted (paired) ones, that are not in `peripherals`.
     public var stayConnectedDefault = false
+    /// Production default: only peripherals BlueZ holds a bond for are ever connected, so the Sync service is
+    /// only used over an encrypted link. False: lab mode for peripherals without pairing.
+    public var requireBond = true
     public var maxConnections = 3
     public var syncIntervalSeconds: Double = 60
     public var backoffBaseSeconds: Double = 2
@@ -60,9 +63,12 @@ public struct DaemonConfiguration: Sendable, Equatable {
 
     public var databasePath: String { (stateDir as NSString).appendingPathComponent("ferry.sqlite") }
 
-    public func policy(for address: PeripheralAddress) -> PeripheralPolicy? {
+    /// How to sync `address`, or nil if it must not be synced: listed in the allowlist, or `trusted` (paired
+    /// with `ferry pair`), or anything in lab mode. The bond requirement is checked separately, against BlueZ.
+    public func policy(for address: PeripheralAddress, trusted: Set<PeripheralAddress> = []) -> PeripheralPolicy? {
         if let listed = peripherals.first(where: { $0.address == address }) { return listed }
-        return allowAnySyncPeripheral ? PeripheralPolicy(address: address, stayConnected: stayConnectedDefault) : nil
+        return allowAnySyncPeripheral || trusted.contains(address)
+            ? PeripheralPolicy(address: address, stayConnected: stayConnectedDefault) : nil
     }
 
     public var schedulerConfiguration: SyncScheduler.Configuration {
@@ -83,7 +89,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
     // MARK: parsing
 
     static let topLevelKeys: Set<String> = [
-        "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default",
+        "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default", "require_bond",
         "max_connections", "sync_interval_seconds", "backoff_base_seconds", "backoff_cap_seconds", "window",
         "connect_timeout_seconds", "disk_budget_bytes", "shutdown_grace_seconds", "log_level", "uplink",
     ]
@@ -115,6 +121,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
         c.adapter = try reader.string("adapter")
         if let v = try reader.bool("allow_any_sync_peripheral") { c.allowAnySyncPeripheral = v }
         if let v = try reader.bool("stay_connected_default") { c.stayConnectedDefault = v }
+        if let v = try reader.bool("require_bond") { c.requireBond = v }
         if let v = try reader.integer("max_connections", 1...10) { c.maxConnections = v }
         if let v = try reader.number("sync_interval_seconds", 0...86_400) { c.syncIntervalSeconds = v }
         if let v = try reader.number("backoff_base_seconds", 0.1...3600) { c.backoffBaseSeconds = v }
@@ -157,11 +164,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
 
     /// Validates what only makes sense as a whole (after flags were applied too).
     public func validate() throws {
-        if peripherals.isEmpty && !allowAnySyncPeripheral {
-            throw ConfigError(
-                key: "peripherals",
-                problem: "the allowlist is empty and allow_any_sync_peripheral is false: nothing would ever be synced")
-        }
+        // An empty allowlist is fine: peripherals paired with `ferry pair` (the store's trusted_peripherals)
+        // are synced too. The daemon says at start when there is nothing to sync at all.
         let stay = peripherals.filter(\.stayConnected).count
         if stay >= maxConnections {
             throw ConfigError(

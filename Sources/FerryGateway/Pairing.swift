@@ -138,9 +138,15 @@ public struct PeripheralPairing: Sendable {
 
     private func verifySyncService(_ device: BlueZDevice, address: PeripheralAddress) async throws -> BlueZGattService {
         do {
+            // ServicesResolved first; then the Sync service gets a short grace (BlueZ may export it a moment
+            // later), so a peripheral without it is told apart in seconds.
+            let devicePath = device.path
+            try await client.objects.waitUntil(timeout: .seconds(20)) {
+                $0.properties(devicePath, BlueZInterface.device)?["ServicesResolved"]?.bool == true
+            }
             return try await device.waitUntilServicesResolved(
                 serviceUUID: SyncProfile.serviceUUID,
-                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(20))
+                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(3))
         } catch {
             let uuids = await device.gattServiceUUIDs()
             if !uuids.isEmpty && !uuids.contains(SyncProfile.serviceUUID) {

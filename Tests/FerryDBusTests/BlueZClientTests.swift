@@ -120,7 +120,12 @@ struct BlueZClientTests {
                 destination: client.connection.uniqueName, path: "/ferry/agent", interface: "org.bluez.Agent1",
                 member: member, arguments: arguments)
         }
-        _ = try await ask("RequestConfirmation", [.objectPath(allowed), .uint32(42)])
+        // Numeric comparison: with a passkey known for the device only that number is confirmed.
+        _ = try await ask("RequestConfirmation", [.objectPath(allowed), .uint32(123_456)])
+        let mismatch = await #expect(throws: DBusError.self) {
+            try await ask("RequestConfirmation", [.objectPath(allowed), .uint32(42)])
+        }
+        #expect(mismatch?.name == "org.bluez.Error.Rejected")
         let refused = await #expect(throws: DBusError.self) {
             try await ask("RequestConfirmation", [.objectPath("/org/bluez/hci0/dev_66_66_66_66_66_66"), .uint32(42)])
         }

@@ -23,6 +23,19 @@ final class FakeBlueZ: Sendable {
         var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
         var deviceAppearsOnDiscovery = false
         var agents: [(sender: String, path: String, capability: String)] = []
+        /// What Device1.Pair does (bluetoothd + the peripheral's SMP, reduced to the agent dialogue).
+        var pairing: PairBehaviour = .justWorks
+    }
+
+    enum PairBehaviour: Sendable {
+        /// Bonds without asking the agent (a locally initiated Just Works pairing).
+        case justWorks
+        /// The peripheral displays `expected`; bluetoothd asks the agent (RequestPasskey).
+        case passkey(expected: UInt32)
+        /// Both sides show `shown`; bluetoothd asks the agent to confirm (RequestConfirmation).
+        case numericComparison(shown: UInt32)
+        /// The peripheral refuses pairing.
+        case refuse
     }
 
     let connection: DBusConnection
@@ -177,6 +190,38 @@ final class FakeBlueZ: Sendable {
         }
     }
 
+    /// bluetoothd asks the agent the CALLER registered (falling back to the first one), as Device1.Pair does.
+    private func pair(_ call: DBusMethodCall) async -> DBusMethodResult {
+        let (behaviour, agents) = state.withLock { ($0.pairing, $0.agents) }
+        let agent = agents.last { $0.sender == call.sender } ?? agents.first
+        func ask(_ member: String, _ arguments: [DBusValue]) async -> DBusReply? {
+            guard let agent else { return nil }
+            return try? await connection.call(
+                destination: agent.sender, path: agent.path, interface: "org.bluez.Agent1", member: member,
+                arguments: arguments, timeout: .seconds(5))
+        }
+        switch behaviour {
+        case .justWorks:
+            break
+        case .refuse:
+            return fail("org.bluez.Error.AuthenticationFailed", "Authentication Failed")
+        case .passkey(let expected):
+            guard let reply = await ask("RequestPasskey", [.objectPath(call.path)]) else {
+                return fail("org.bluez.Error.AuthenticationRejected", "Authentication Rejected")
+            }
+            guard reply.arguments.first?.uint32 == expected else {
+                return fail("org.bluez.Error.AuthenticationFailed", "Authentication Failed")
+            }
+        case .numericComparison(let shown):
+            guard await ask("RequestConfirmation", [.objectPath(call.path), .uint32(shown)]) != nil else {
+                return fail("org.bluez.Error.AuthenticationRejected", "Authentication Rejected")
+            }
+        }
+        try? setProperty(call.path, BlueZInterface.device, "Paired", .bool(true))
+        try? setProperty(call.path, BlueZInterface.device, "Bonded", .bool(true))
+        return .reply([])
+    }
+
     private func fail(_ name: String, _ message: String) -> DBusMethodResult {
         .error(DBusError(name: name, message: message))
     }
@@ -224,6 +269,10 @@ final class FakeBlueZ: Sendable {
             let scripted = state.withLock { s -> DBusError?? in s.connectScript.isEmpty ? .none : s.connectScript.removeFirst() }
             if case .some(.some(let error)) = scripted { return .error(error) }
             try? setProperty(call.path, BlueZInterface.device, "Connected", .bool(true))
+            return .reply([])
+        case (BlueZInterface.device, "Pair"):
+            return await pair(call)
+        case (BlueZInterface.device, "CancelPairing"):
             return .reply([])
         case (BlueZInterface.device, "Disconnect"):
             try? setProperty(call.path, BlueZInterface.device, "Connected", .bool(false))

@@ -32,6 +32,23 @@ import Testing
         #expect(c.logLevel == .info)
         #expect(c.uplink.endpoint == nil)
         #expect(c.peripherals.isEmpty)
+        #expect(c.requireBond == true)  // production default: encrypted links only
+    }
+
+    @Test func requireBondParsesAndIsABoolean() throws {
+        #expect(try parse(#"{"require_bond": false}"#).requireBond == false)
+        #expect(error(#"{"require_bond": "no"}"#)?.key == "require_bond")
+    }
+
+    @Test func pairedPeripheralsAreAllowedWithTheDefaultStayConnectedPolicy() throws {
+        var c = try parse(#"{"peripherals": ["C0:FF:EE:00:00:01"]}"#)
+        let paired = PeripheralAddress("C0:FF:EE:00:00:05")!
+        let stranger = PeripheralAddress("C0:FF:EE:00:00:09")!
+        #expect(c.policy(for: paired) == nil)
+        #expect(c.policy(for: paired, trusted: [paired]) == PeripheralPolicy(address: paired))
+        #expect(c.policy(for: stranger, trusted: [paired]) == nil)
+        c.stayConnectedDefault = true
+        #expect(c.policy(for: paired, trusted: [paired])?.stayConnected == true)
     }
 
     @Test func fullFile() throws {
@@ -91,7 +108,8 @@ import Testing
     }
 
     @Test func validationRefusesConfigsThatCouldNeverSyncAnything() {
-        #expect(error("{}")?.key == "peripherals")
+        // An empty allowlist is valid: peripherals paired with `ferry pair` are synced too.
+        #expect(error("{}") == nil)
         #expect(error(#"{"allow_any_sync_peripheral": true}"#) == nil)
         // Every slot held by a stay-connected peripheral would starve the others.
         #expect(

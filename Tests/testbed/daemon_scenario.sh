@@ -60,6 +60,9 @@ import json, sys
 config, state, port, *allowed = sys.argv[1:]
 peripherals = [{"address": a, "stay_connected": i == 0} for i, a in enumerate(allowed)]
 json.dump({
+    # These emulated peripherals do not pair: this scenario is about crashes and restarts, so it runs with
+    # the lab setting. The bonded-only default is tested in Tests/testbed/sync_pairing.py.
+    "require_bond": False,
     "state_dir": state, "peripherals": peripherals, "max_connections": 3, "sync_interval_seconds": 2,
     "backoff_base_seconds": 1, "backoff_cap_seconds": 8, "log_level": "info",
     "uplink": {"endpoint": f"http://127.0.0.1:{port}/ingest", "gateway_id": "testbed-gw"},
