@@ -251,6 +251,15 @@ class Store:
     def frame_rows(self, peripheral: str) -> int:
         return self.db.execute("SELECT count(*) FROM staged_frames WHERE peripheral = ?", (peripheral,)).fetchone()[0]
 
+    def trusted(self) -> list[dict] | None:
+        """Rows of `trusted_peripherals` (written by `ferry pair`) as dicts; None if there is no such table."""
+        try:
+            cur = self.db.execute("SELECT * FROM trusted_peripherals")
+        except sqlite3.OperationalError:
+            return None
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+
     def events(self, peripheral: str, event_type: str) -> list[dict]:
         rows = self.db.execute(
             "SELECT epoch, first_seq, last_seq, frame_count, payload FROM outbox_events "
@@ -323,3 +332,24 @@ def power_on_adapter(name: str, limit: float) -> bool:
                             "string:Powered", "variant:boolean:true"], capture_output=True)
         time.sleep(0.5)
     return False
+
+
+def device_prop(address: str, name: str, adapter_name: str | None = None) -> str | None:
+    """A Device1 property as dbus-send prints its value ('true', '"Ferry-P01"', ...); None if bluetoothd has
+    no such device (or property)."""
+    path = f"/org/bluez/{adapter_name or adapter()}/dev_{address.replace(':', '_')}"
+    p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=5000", "--dest=org.bluez", path,
+                        "org.freedesktop.DBus.Properties.Get", "string:org.bluez.Device1", f"string:{name}"],
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        return None
+    return p.stdout.strip().splitlines()[-1].split()[-1]
+
+
+def remove_device(address: str, adapter_name: str | None = None) -> bool:
+    """Adapter1.RemoveDevice behind the gateway's back (bluetoothd forgets the device and its keys)."""
+    a = adapter_name or adapter()
+    p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=10000", "--dest=org.bluez",
+                        f"/org/bluez/{a}", "org.bluez.Adapter1.RemoveDevice",
+                        f"objpath:/org/bluez/{a}/dev_{address.replace(':', '_')}"], capture_output=True, text=True)
+    return p.returncode == 0

@@ -74,6 +74,66 @@ def faults_for(faults: dict[int, dict[str, float]], index: int) -> dict[str, flo
     return {**faults.get(0, {}), **faults.get(index, {})}
 
 
+# Pairing modes (`--pairing [N:]MODE[,open|,encrypt]`). The Sync characteristics require an encrypted
+# link by default in every mode that can pair; `,open` lifts that (SMP offered, nothing required) and
+# `,encrypt` adds it to `none`/`refuse`.
+PAIRING_MODES = {
+    "none": "today's behaviour: nothing required; a central that asks gets Just Works (bumble's default)",
+    "justworks": "LE Secure Connections, bonding, io capability NoInputNoOutput; Sync characteristics need encryption",
+    "passkey=NNNNNN": "the peripheral DISPLAYS this fixed passkey (io capability DisplayOnly, MITM required): a "
+                      "central must enter it; any pairing that would not be passkey entry is refused "
+                      "(SMP 'Authentication Requirements'); Sync characteristics need encryption",
+    "refuse": "every pairing request is refused (SMP 'Pairing Not Supported'); Sync characteristics need "
+              "encryption, so nothing can ever read them",
+}
+
+
+@dataclass(frozen=True)
+class PairingPolicy:
+    mode: str = "none"          # none | justworks | passkey | refuse
+    passkey: int | None = None  # passkey mode: the number the peripheral displays
+    encrypt: bool = False       # DATA (+ its CCCD), CONTROL, STREAM_INFO need an encrypted link
+
+    def describe(self) -> dict:
+        return {"mode": self.mode, "passkey": None if self.passkey is None else f"{self.passkey:06d}",
+                "encryption_required": self.encrypt}
+
+
+def parse_pairing_mode(text: str) -> PairingPolicy:
+    mode, *flags = text.split(",")
+    name, _, value = mode.partition("=")
+    passkey = None
+    if name == "passkey":
+        if not (value.isdigit() and len(value) <= 6):
+            raise SystemExit(f"pairing passkey=NNNNNN: '{value}' is not 1-6 digits")
+        passkey = int(value)
+    elif name not in ("none", "justworks", "refuse") or value:
+        raise SystemExit(f"unknown pairing mode '{mode}'; known: none, justworks, passkey=NNNNNN, refuse")
+    encrypt = name != "none"
+    for flag in flags:
+        if flag == "open":
+            encrypt = False
+        elif flag == "encrypt":
+            encrypt = True
+        else:
+            raise SystemExit(f"unknown pairing flag '{flag}' (open | encrypt)")
+    return PairingPolicy(name, passkey, encrypt)
+
+
+def parse_pairing(items: list[str]) -> dict[int, PairingPolicy]:
+    """`[N:]MODE[,FLAG]` -> {peripheral index (0 = all): policy}; like --fault, N: aims at one peripheral."""
+    policies: dict[int, PairingPolicy] = {}
+    for item in items:
+        target, sep, rest = item.partition(":")
+        index, text = (int(target), rest) if sep and target.isdigit() else (0, item)
+        policies[index] = parse_pairing_mode(text)
+    return policies
+
+
+def pairing_for(policies: dict[int, PairingPolicy], index: int) -> PairingPolicy:
+    return policies.get(index, policies.get(0, PairingPolicy()))
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--peripherals", type=int, default=1)
@@ -85,6 +145,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--notify-rate", type=float, default=250.0,
                    help="max notifications per second per peripheral (TCG loses data above ~300/s)")
     p.add_argument("--chunk", type=int, default=0, help="max bytes per notification (0: ATT MTU - 3)")
+    p.add_argument("--pairing", action="append", default=[],
+                   help="[N:]MODE[,open|,encrypt], repeatable; N = only peripheral N; see --list-pairing")
     p.add_argument("--seed", type=int, default=1, help="fault RNG seed (the address is mixed in)")
     p.add_argument("--max-window", type=int, default=65535, help="SYNC_REQ windows above this are violations")
     p.add_argument("--adv-interval", type=float, default=100.0, help="advertising interval, ms")
@@ -95,6 +157,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--vhci", default="vhci")
     p.add_argument("--check-args", action="store_true", help="validate the options and exit")
     p.add_argument("--list-faults", action="store_true")
+    p.add_argument("--list-pairing", action="store_true")
     return p
 
 
@@ -134,11 +197,14 @@ class Session:
     next_seq: int = 1
     out: list[OutFrame] = field(default_factory=list)
     frames_sent: int = 0
+    authenticated: bool = False  # encrypted with a key from passkey (MITM) pairing
 
 
 class SyncPeripheral:
-    def __init__(self, index: int, args, faults: dict[str, float], store_dir: str):
+    def __init__(self, index: int, args, faults: dict[str, float], store_dir: str,
+                 pairing: PairingPolicy = PairingPolicy()):
         self.index = index
+        self.pairing = pairing
         self.address = address_of(index)
         self.name = f"Ferry-P{index:02d}"
         self.args = args
@@ -146,6 +212,10 @@ class SyncPeripheral:
         self.rng = random.Random(args.seed * 1000003 + index)
         self.store_path = os.path.join(store_dir, f"peripheral-{self.address}.json")
         self.store = sp.EventStore(self.store_path, args.payload_bytes)
+        # Bonds live next to the event store, so a `restart` (peripheral reboot) keeps them and
+        # reconnects re-encrypt from the stored key; `forget` deletes them (a lost key).
+        self.keys_path = os.path.join(store_dir, f"peripheral-{self.address}.keys.json")
+        self.keystore = None
         if self.store.head == 0 and args.events:
             self.store.append(args.events)
         self.initial_events = args.events
@@ -168,6 +238,12 @@ class SyncPeripheral:
             "sync_reqs_received": 0, "acks_received": 0, "highest_ack": 0, "deleted": 0,
             "connections": 0, "disconnections": 0, "subscriptions": 0, "mtu": 0,
             "faults_injected": {}, "violations": 0, "violation_list": [],
+            # Link security, see Hardware/TESTBED.md "Pairing".
+            "encrypted": False, "authenticated": False, "last_link_encrypted": False,
+            "last_link_authenticated": False, "encrypted_connections": 0, "pairings_started": 0,
+            "pairings_completed": 0, "pairing_failures": 0, "pairing_failure_reasons": [], "last_pairing": None,
+            "bonds": 0, "frames_sent_unencrypted": 0, "notifications_blocked_unencrypted": 0,
+            "clear_link_refusals": 0, "clear_link_refusal_list": [], "bonds_forgotten": 0,
         }
         self.dirty = True
 
@@ -192,7 +268,9 @@ class SyncPeripheral:
         s = dict(self.stats)
         s.update({"epoch": str(self.store.epoch), "head": self.store.head, "oldest": self.store.oldest,
                   "generation": self.store.generation, "highest_sent": self.highest_sent,
-                  "connected": len(self.sessions), "faults": self.faults, "updated_at": round(time.time(), 3)})
+                  "connected": len(self.sessions), "faults": self.faults, "pairing": self.pairing.describe(),
+                  "encrypted": any(x.connection.is_encrypted for x in self.sessions.values()),
+                  "updated_at": round(time.time(), 3)})
         return s
 
     def write_stats(self) -> None:
@@ -212,21 +290,53 @@ class SyncPeripheral:
         from bumble.host import Host
         from bumble.transport.common import AsyncPipeSink
 
+        from bumble.att import AttributeValueV2
+        from bumble.gatt import GATT_CLIENT_CHARACTERISTIC_CONFIGURATION_DESCRIPTOR
+        from bumble.keys import JsonKeyStore
+
+        GuardedCharacteristic, GuardedDescriptor = guarded_attribute_classes()
         controller = Controller(f"periph-{self.index}", link=link)
         host = Host(controller, AsyncPipeSink(controller))
         device = Device(name=self.name, address=Address(self.address, Address.RANDOM_DEVICE_ADDRESS), host=host)
         self.device = device
-        self.data_char = Characteristic(sp.DATA_UUID, Characteristic.Properties.NOTIFY,
-                                        Characteristic.READABLE, b"")
-        control = Characteristic(
+        self.keystore = JsonKeyStore(namespace=self.address, filename=self.keys_path)
+        device.keystore = self.keystore
+        device.pairing_config_factory = lambda _connection: pairing_config(self.pairing)
+        device.smp_session_proxy = smp_session_class(self.pairing)
+
+        read = Characteristic.READABLE
+        write = Characteristic.WRITEABLE
+        if self.pairing.encrypt:
+            read |= Characteristic.READ_REQUIRES_ENCRYPTION
+            write |= Characteristic.WRITE_REQUIRES_ENCRYPTION
+            if self.pairing.mode == "passkey":
+                # bumble counts any encrypted LE link as authenticated, so these add nothing on their
+                # own: what makes a passkey peripheral's link MITM-protected is that it refuses every
+                # pairing that is not passkey entry (smp_session_class).
+                read |= Characteristic.READ_REQUIRES_AUTHENTICATION
+                write |= Characteristic.WRITE_REQUIRES_AUTHENTICATION
+        # DATA gets its own CCCD: bumble's automatic one is always writable, so a clear-link
+        # central could subscribe. This one carries the same permissions as the characteristics.
+        cccd = GuardedDescriptor(
+            GATT_CLIENT_CHARACTERISTIC_CONFIGURATION_DESCRIPTOR, read | write,
+            AttributeValueV2(lambda bearer: device.gatt_server.read_cccd(bearer, self.data_char),
+                             write=lambda bearer, value: device.gatt_server.write_cccd(bearer, self.data_char, value)))
+        cccd.refused = lambda what: self.on_clear_link_refusal("DATA CCCD", what)
+        self.data_char = GuardedCharacteristic(sp.DATA_UUID, Characteristic.Properties.NOTIFY, read, b"",
+                                               descriptors=[cccd])
+        control = GuardedCharacteristic(
             sp.CONTROL_UUID,
             Characteristic.Properties.WRITE | Characteristic.Properties.WRITE_WITHOUT_RESPONSE,
-            Characteristic.WRITEABLE, CharacteristicValue(write=self.on_control_write))
-        info = Characteristic(sp.STREAM_INFO_UUID, Characteristic.Properties.READ, Characteristic.READABLE,
-                              CharacteristicValue(read=lambda _conn: self.store.stream_info()))
+            write, CharacteristicValue(write=self.on_control_write))
+        info = GuardedCharacteristic(sp.STREAM_INFO_UUID, Characteristic.Properties.READ, read,
+                                     CharacteristicValue(read=lambda _conn: self.store.stream_info()))
+        self.data_char.refused = lambda what: self.on_clear_link_refusal("DATA", what)
+        control.refused = lambda what: self.on_clear_link_refusal("CONTROL", what)
+        info.refused = lambda what: self.on_clear_link_refusal("STREAM_INFO", what)
         device.add_service(Service(sp.SYNC_SERVICE_UUID, [self.data_char, control, info]))
         self.data_char.on("subscription", self.on_subscription)
         device.on("connection", self.on_connection)
+        await self.count_bonds()
         await device.power_on()
         await device.start_advertising(
             auto_restart=True, advertising_data=adv_data(self.name), scan_response_data=scan_response(self.name),
@@ -239,9 +349,52 @@ class SyncPeripheral:
 
     def on_connection(self, connection):
         self.stats["connections"] += 1
-        self.sessions[connection.handle] = Session(connection)
+        session = Session(connection)
+        self.sessions[connection.handle] = session
+        self.stats["last_link_encrypted"] = False
+        self.stats["last_link_authenticated"] = False
         log.info("%s connected by %s (handle %d)", self.address, connection.peer_address, connection.handle)
         self.dirty = True
+
+        def on_encryption_change():
+            if not connection.is_encrypted:
+                return
+            self.stats["encrypted_connections"] += 1
+            self.stats["last_link_encrypted"] = True
+            self.dirty = True
+            log.info("%s link encrypted", self.address)
+            # A reconnect re-encrypts from the stored key: whether that key came from passkey
+            # entry is in the key store (the pairing handler sets it for a fresh pairing).
+            asyncio.get_running_loop().create_task(self.note_key_strength(session))
+            self.wake.set()
+
+        def on_pairing_start():
+            self.stats["pairings_started"] += 1
+            self.dirty = True
+
+        def on_pairing(keys):
+            self.stats["pairings_completed"] += 1
+            session.authenticated = bool(keys.ltk and keys.ltk.authenticated)
+            self.stats["last_link_authenticated"] = session.authenticated
+            self.stats["last_pairing"] = {"peer": str(connection.peer_address),
+                                          "authenticated": session.authenticated, "t": round(time.time(), 3)}
+            self.dirty = True
+            log.info("%s paired with %s (%s)", self.address, connection.peer_address,
+                     "passkey, MITM-protected" if session.authenticated else "Just Works")
+            asyncio.get_running_loop().create_task(self.count_bonds())
+
+        def on_pairing_failure(reason):
+            self.stats["pairing_failures"] += 1
+            name = getattr(reason, "name", str(reason))
+            if len(self.stats["pairing_failure_reasons"]) < 50:
+                self.stats["pairing_failure_reasons"].append(name)
+            self.dirty = True
+            log.info("%s pairing failed: %s", self.address, name)
+
+        connection.on("connection_encryption_change", on_encryption_change)
+        connection.on("pairing_start", on_pairing_start)
+        connection.on("pairing", on_pairing)
+        connection.on("pairing_failure", on_pairing_failure)
 
         def on_disconnection(reason):
             self.sessions.pop(connection.handle, None)
@@ -255,9 +408,42 @@ class SyncPeripheral:
         connection.on("disconnection", on_disconnection)
         connection.on("connection_att_mtu_update", on_mtu)
 
+    async def note_key_strength(self, session: Session) -> None:
+        try:
+            keys = await self.keystore.get(str(session.connection.peer_address))
+        except Exception as e:  # a missing/partial key file: the link is then not known authenticated
+            log.info("%s key store read failed: %r", self.address, e)
+            keys = None
+        if keys is not None and keys.ltk is not None and keys.ltk.authenticated:
+            session.authenticated = True
+        self.stats["last_link_authenticated"] = session.authenticated
+        self.dirty = True
+
+    async def count_bonds(self) -> None:
+        try:
+            self.stats["bonds"] = len(await self.keystore.get_all())
+        except Exception as e:
+            log.info("%s key store read failed: %r", self.address, e)
+        self.dirty = True
+
+    def on_clear_link_refusal(self, what: str, access: str) -> None:
+        self.stats["clear_link_refusals"] += 1
+        if len(self.stats["clear_link_refusal_list"]) < 50:
+            self.stats["clear_link_refusal_list"].append(f"{access} {what}")
+        self.dirty = True
+        log.info("%s refused %s of %s on a link without the required security", self.address, access, what)
+
+    def link_allowed(self, session: Session) -> bool:
+        """Belt and braces behind the ATT permissions: nothing of the Sync service moves on a clear
+        link when this peripheral requires encryption."""
+        return not self.pairing.encrypt or session.connection.is_encrypted
+
     def on_subscription(self, connection, notify_enabled, indicate_enabled):
         session = self.sessions.get(getattr(connection, "handle", None))
         if session is None:
+            return
+        if (notify_enabled or indicate_enabled) and not self.link_allowed(session):
+            log.warning("%s subscription on a clear link ignored", self.address)
             return
         session.subscribed = bool(notify_enabled or indicate_enabled)
         self.stats["subscriptions"] += 1
@@ -267,6 +453,9 @@ class SyncPeripheral:
     def on_control_write(self, connection, value: bytes):
         session = self.sessions.get(connection.handle)
         if session is None:
+            return
+        if not self.link_allowed(session):
+            log.warning("%s CONTROL write on a clear link ignored", self.address)
             return
         value = bytes(value)
         try:
@@ -427,6 +616,10 @@ class SyncPeripheral:
             busy = False
             for session in list(self.sessions.values()):
                 if session.subscribed and session.requested:
+                    if not self.link_allowed(session):
+                        self.stats["notifications_blocked_unencrypted"] += 1
+                        self.dirty = True
+                        continue
                     busy |= await self.send_one(session)
             if "slow" in self.faults:
                 await asyncio.sleep(1.0 / max(self.faults["slow"], 0.1))
@@ -461,10 +654,13 @@ class SyncPeripheral:
                 return False
             self.stats["notifications_sent"] += 1
             self.stats["bytes_sent"] += len(chunk)
+        clear_link = not session.connection.is_encrypted
         for f in touched:
             if f.sent == len(f.data):
                 if f.seq is not None:
                     self.stats["frames_sent"] += 1
+                    if clear_link:
+                        self.stats["frames_sent_unencrypted"] += 1
                     self.highest_sent = max(self.highest_sent, f.seq)
                     session.frames_sent += 1
                     if f.intact:
@@ -514,9 +710,96 @@ class SyncPeripheral:
         elif cmd == "regress":
             new_head = int(words[1])
             await self.store_change(lambda: self.do_regress(new_head))
+        elif cmd == "forget":
+            # A peripheral reset that loses its keys: the central still has its half of the bond.
+            await self.disconnect_all()
+            await self.keystore.delete_all()
+            self.stats["bonds_forgotten"] += 1
+            await self.count_bonds()
+            log.info("%s forgot every bond", self.address)
         else:
             log.warning("unknown control command %r", words)
         self.dirty = True
+
+
+def guarded_attribute_classes():
+    """Characteristic/Descriptor that report each access refused for want of link security (the ATT
+    permission check itself is bumble's), so the stats show what a clear-link central tried."""
+    from bumble.att import ATT_Error
+    from bumble.gatt import Characteristic, Descriptor
+
+    class Guarded:
+        refused = staticmethod(lambda access: None)
+
+        async def read_value(self, bearer):
+            try:
+                return await super().read_value(bearer)
+            except ATT_Error as e:
+                self.refused(f"read (ATT error 0x{e.error_code:02x})")
+                raise
+
+        async def write_value(self, bearer, value):
+            try:
+                return await super().write_value(bearer, value)
+            except ATT_Error as e:
+                self.refused(f"write (ATT error 0x{e.error_code:02x})")
+                raise
+
+    class GuardedCharacteristic(Guarded, Characteristic):
+        pass
+
+    class GuardedDescriptor(Guarded, Descriptor):
+        pass
+
+    return GuardedCharacteristic, GuardedDescriptor
+
+
+def pairing_config(policy: PairingPolicy):
+    """What this peripheral answers to a Pairing Request (a new config per pairing, as bumble asks)."""
+    from bumble.pairing import PairingConfig, PairingDelegate
+
+    class Delegate(PairingDelegate):
+        async def accept(self) -> bool:
+            return policy.mode != "refuse"
+
+        async def generate_passkey(self) -> int:
+            # The number a real device would show on its display; the operator types it into the gateway.
+            return policy.passkey if policy.passkey is not None else await super().generate_passkey()
+
+    io = (PairingDelegate.DISPLAY_OUTPUT_ONLY if policy.mode == "passkey"
+          else PairingDelegate.NO_OUTPUT_NO_INPUT)
+    # The static random address stays the identity: with a public identity BlueZ would re-key the
+    # device under another address after pairing.
+    return PairingConfig(sc=True, mitm=policy.mode == "passkey", bonding=True, delegate=Delegate(io),
+                         identity_address_type=PairingConfig.AddressType.RANDOM)
+
+
+def smp_session_class(policy: PairingPolicy):
+    """Two fixes to bumble's SMP responder session (0.0.236):
+    - bumble falls back to Just Works whenever the io capabilities allow nothing better, even with MITM
+      required. A passkey peripheral must refuse that instead, or any central could bond silently.
+    - a failed session stays attached to its connection until the link drops, so a retry on the same
+      link (wrong passkey, then the right one) would run into the finished session and never store
+      its keys. The session now ends when pairing fails."""
+    from bumble import smp
+
+    class FerrySession(smp.Session):
+        async def on_smp_pairing_request_command_async(self, command) -> None:
+            if policy.mode == "passkey":
+                self.decide_pairing_method(command.auth_req, command.io_capability, self.io_capability)
+                if self.pairing_method != smp.PairingMethod.PASSKEY:
+                    log.info("pairing request refused: io capability %s would give %s, this peripheral "
+                             "requires passkey entry", command.io_capability, self.pairing_method.name)
+                    self.send_pairing_failed(smp.ErrorCode.AUTHENTICATION_REQUIREMENTS)
+                    return
+            await super().on_smp_pairing_request_command_async(command)
+
+        def on_pairing_failure(self, reason) -> None:
+            super().on_pairing_failure(reason)
+            if self.manager.sessions.get(self.connection.handle) is self:
+                self.on_disconnection(0)  # detaches the session exactly as a link loss would
+
+    return FerrySession
 
 
 def make_link_and_controller_classes():
@@ -580,7 +863,7 @@ def control_reader(path: str, loop, peripherals: dict[str, SyncPeripheral]) -> N
                 asyncio.run_coroutine_threadsafe(p.control([cmd] + rest), loop)
 
 
-async def run(args, faults) -> None:
+async def run(args, faults, pairings) -> None:
     from bumble.transport import open_transport
 
     RoutingLink, KernelFacingController = make_link_and_controller_classes()
@@ -590,7 +873,7 @@ async def run(args, faults) -> None:
     link = RoutingLink()
     peripherals: dict[str, SyncPeripheral] = {}
     for i in range(1, args.peripherals + 1):
-        p = SyncPeripheral(i, args, faults_for(faults, i), store_dir)
+        p = SyncPeripheral(i, args, faults_for(faults, i), store_dir, pairing_for(pairings, i))
         await p.start(link)
         peripherals[p.address] = p
     # hci0 appears only now, with every peripheral already advertising: the kernel's first
@@ -617,6 +900,9 @@ async def run(args, faults) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log.info("ready: %d peripheral(s), %d event(s) each, faults %s", len(peripherals), args.events, faults or "none")
+    for p in peripherals.values():
+        if p.pairing != PairingPolicy():
+            log.info("%s pairing %s", p.address, p.pairing.describe())
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), 0.5)
@@ -638,7 +924,13 @@ def main() -> None:
         for name, (default, meaning) in FAULTS.items():
             print(f"{name:14} default {default:>6}  {meaning}")
         return
+    if args.list_pairing:
+        for name, meaning in PAIRING_MODES.items():
+            print(f"{name:15} {meaning}")
+        print("flags: ',open' = SMP offered but nothing required; ',encrypt' = Sync characteristics need encryption")
+        return
     faults = parse_faults(args.fault)
+    pairings = parse_pairing(args.pairing)
     if not 0 <= args.peripherals <= 250 or args.events < 0 or args.rate < 0 or args.notify_rate <= 0:
         raise SystemExit("invalid counts or rates")
     if not 0 <= args.payload_bytes <= 4096:
@@ -648,7 +940,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s.%(msecs)03d %(name)s %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     logging.getLogger("bumble").setLevel(os.environ.get("TESTBED_BUMBLE_LOG", "WARNING"))
-    asyncio.run(run(args, faults))
+    asyncio.run(run(args, faults, pairings))
 
 
 if __name__ == "__main__":
