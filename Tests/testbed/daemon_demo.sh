@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's main job without Bluetooth hardware, run inside the test bed guest by scripts/run-gateway:
-# the same `ferry run` a Pi runs, against the emulated peripherals (all but the last on the allowlist; the last
-# one is a stranger advertising the Sync UUID) and the reference backend on 127.0.0.1, until everything that
-# was buffered has reached the backend; then SIGTERM and a short report of what arrived where.
+# the operator's flow on a Pi: `ferry pair` each peripheral (all but the last; the last one is a stranger
+# advertising the Sync UUID, pairable but never paired), then `ferry run` with the production defaults
+# (bonded peripherals only, encrypted links) against the reference backend on 127.0.0.1, until everything
+# that was buffered has reached the backend; then SIGTERM and a short report of what arrived where.
 set -uo pipefail
 FERRY="${FERRY_BIN:-.build/debug/ferry}"
 BACKEND=scripts/backend/ferry-backend
@@ -14,8 +15,14 @@ ALLOWED_CSV=$(IFS=,; echo "${ALLOWED[*]}")
 "$BACKEND" serve --db "$S/backend.sqlite" --host 127.0.0.1 --port 0 --port-file "$S/port" --quiet >"$R/backend.log" 2>&1 &
 BACKEND_PID=$!
 for _ in $(seq 100); do [[ -s "$S/port" ]] && break; sleep 0.1; done
+mkdir -p -m 700 "$S/state"
+for A in "${ALLOWED[@]}"; do
+    echo "== ferry pair --address $A --db $S/state/ferry.sqlite"
+    "$FERRY" pair --address "$A" --db "$S/state/ferry.sqlite" --timeout 90 || { kill "$BACKEND_PID"; exit 1; }
+done
+# No allowlist: the paired (trusted) peripherals are what ferry run syncs.
 cat >"$S/ferry.json" <<JSON
-{ "state_dir": "$S/state", "peripherals": [$(printf '"%s",' "${ALLOWED[@]}" | sed 's/,$//')],
+{ "state_dir": "$S/state", "peripherals": [],
   "uplink": { "endpoint": "http://127.0.0.1:$(cat "$S/port")/ingest", "gateway_id": "testbed" } }
 JSON
 echo "== config ($S/ferry.json)"; cat "$S/ferry.json"
@@ -39,8 +46,10 @@ for a in allowed + [stranger]:
     st = json.load(open(f"{results}/peripheral-{a}.json"))
     ng = g.execute("SELECT COUNT(*) FROM staged_frames WHERE peripheral=?", (a,)).fetchone()[0]
     nb = b.execute("SELECT COUNT(*) FROM frames WHERE peripheral=?", (a,)).fetchone()[0]
-    note = "not on the allowlist: %d connections" % st["connections"] if a == stranger else "%d violations" % st["violations"]
+    note = ("not paired: %d connections" % st["connections"] if a == stranger else
+            "%d violations, %d frames sent in clear" % (st["violations"], st.get("frames_sent_unencrypted", 0)))
     print(f"{a:<19} {st['events_generated']:>9} {st['highest_ack']:>6} {ng:>8} {nb:>8}  {note}")
+print("paired:", [r[0] + " (" + r[1] + ")" for r in g.execute("SELECT address, pairing_method FROM trusted_peripherals")])
 print("gateway outbox:", dict(g.execute("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetchall()))
 PY
 echo "drain: $(cat "$S/drained.json")"
