@@ -59,20 +59,27 @@ public struct BlueZAgentPolicy: Sendable {
     public static let rejectAll = BlueZAgentPolicy(authorize: { _ in false })
 
     /// The pairing flow for one device: Just Works is accepted for it; with an operator-provided passkey,
-    /// passkey entry answers with it and numeric comparison accepts only that number. Other devices are
-    /// refused (bluetoothd may start pairings of its own meanwhile).
+    /// passkey entry answers with it and numeric comparison accepts only that number. Without one, the
+    /// operator is asked while pairing runs (`askPasskey`, `askConfirmation`: a terminal), if anyone can be.
+    /// Other devices are refused (bluetoothd may start pairings of its own meanwhile).
     public static func pairing(
-        device: String, passkey: UInt32?, observe: @escaping @Sendable (BlueZAgentRequest) -> Void = { _ in }
+        device: String, passkey: UInt32?, askPasskey: (@Sendable () async -> UInt32?)? = nil,
+        askConfirmation: (@Sendable (_ shown: UInt32) async -> Bool)? = nil,
+        observe: @escaping @Sendable (BlueZAgentRequest) -> Void = { _ in }
     ) -> BlueZAgentPolicy {
         BlueZAgentPolicy(
             authorize: { $0 == device },
-            passkey: { $0 == device ? passkey : nil },
+            passkey: { path in
+                guard path == device else { return nil }
+                if let passkey { return passkey }
+                return await askPasskey?()
+            },
             confirm: { path, shown in
                 guard path == device else { return false }
-                // Without a number from the operator a comparison cannot be checked: accepting it blindly
+                // Without a number or a person to ask, a comparison cannot be checked: accepting it blindly
                 // would give up exactly the MITM protection numeric comparison exists for.
-                guard let passkey else { return false }
-                return passkey == shown
+                if let passkey { return passkey == shown }
+                return await askConfirmation?(shown) ?? false
             },
             observe: observe)
     }

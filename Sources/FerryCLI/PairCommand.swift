@@ -3,6 +3,10 @@ import FerryGateway
 import FerryProtocol
 import FerryStore
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 enum PairCommand {
     static let help = """
         Usage: ferry pair --address ADDR [--passkey N] --db PATH [--adapter hciN] [--timeout S] [--json]
@@ -16,9 +20,12 @@ enum PairCommand {
 
         Options:
           --address ADDR   the peripheral, AA:BB:CC:DD:EE:FF (discovered first if BlueZ does not know it)
-          --passkey N      the 6-digit number the peripheral displays: answers passkey entry, and numeric
-                           comparison only if the number shown matches. Without it only Just Works pairing
-                           (no protection against a man in the middle) can succeed.
+          --passkey N      a fixed 6-digit passkey (printed on the peripheral, or set in it): answers passkey
+                           entry, and numeric comparison only if the number shown matches. Without it, and
+                           with a terminal on stdin, ferry asks while pairing runs: it prompts for the passkey
+                           the peripheral displays, or asks you to confirm the number of a numeric comparison.
+                           Without either, only Just Works pairing (no protection against a man in the middle)
+                           can succeed.
           --db PATH        the gateway store, e.g. /var/lib/ferry/ferry.sqlite (created if missing)
           --adapter hciN   the Bluetooth adapter (default: the first one)
           --timeout S      give up after S seconds (default 90)
@@ -48,15 +55,17 @@ enum PairCommand {
         let bus = args.values["--bus"]
         let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .notice)
         _ = try FerryCommandLine.openStore(dbPath, create: true)  // a bad store fails before the radio is touched
+        let interactive = isatty(0) == 1
 
         let result = try AsyncBridge.run(cancelOnSignals: true) {
             try await withDeadline(seconds: timeout, what: "pairing with \(address)") {
                 let client = try await BlueZAccess.client(bus: bus)
                 let adapter = try await BlueZAccess.poweredAdapter(client, named: adapterName)
                 let store = try FerryCommandLine.openStore(dbPath, create: true)
+                var pairing = PeripheralPairing(client: client, adapter: adapter, log: log)
+                if passkey == nil && interactive { pairing.operatorPrompt = TerminalPrompt.operatorPrompt(for: address) }
                 do {
-                    return try await PeripheralPairing(client: client, adapter: adapter, log: log)
-                        .pair(address: address, passkey: passkey, store: store)
+                    return try await pairing.pair(address: address, passkey: passkey, store: store)
                 } catch let error as PairingError {
                     throw CommandFailure("pairing failed: \(error)")
                 }

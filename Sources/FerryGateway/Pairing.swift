@@ -39,6 +39,24 @@ public struct PeripheralPairing: Sendable {
     public let log: any LogSink
     public var connectTimeout: Duration = .seconds(35)
     public var pairTimeout: Duration = .seconds(60)
+    /// Someone to ask while pairing runs (a terminal), for numbers that only exist once it has begun: the
+    /// passkey a peripheral displays, the number of a numeric comparison. nil: nobody (a script, a service).
+    public var operatorPrompt: OperatorPrompt?
+
+    /// Questions for the operator during pairing.
+    public struct OperatorPrompt: Sendable {
+        /// "Type the passkey the peripheral displays": nil refuses.
+        public var enterPasskey: @Sendable () async -> UInt32?
+        /// "Does the peripheral show NNNNNN?" (six digits, leading zeros).
+        public var confirmNumber: @Sendable (_ shown: String) async -> Bool
+        public init(
+            enterPasskey: @escaping @Sendable () async -> UInt32?,
+            confirmNumber: @escaping @Sendable (_ shown: String) async -> Bool
+        ) {
+            self.enterPasskey = enterPasskey
+            self.confirmNumber = confirmNumber
+        }
+    }
 
     public init(client: BlueZClient, adapter: BlueZAdapter, log: any LogSink) {
         self.client = client
@@ -53,7 +71,14 @@ public struct PeripheralPairing: Sendable {
         let requests = LockedValue<[BlueZAgentRequest]>([])
         let device = try await connect(address)
         let log = self.log
-        let policy = BlueZAgentPolicy.pairing(device: device.path, passkey: passkey) { request in
+        let prompt = operatorPrompt
+        var askPasskey: (@Sendable () async -> UInt32?)?
+        var askConfirmation: (@Sendable (UInt32) async -> Bool)?
+        if let prompt {
+            askPasskey = { await prompt.enterPasskey() }
+            askConfirmation = { shown in await prompt.confirmNumber(BlueZAgent.formatPasskey(shown)) }
+        }
+        let observe: @Sendable (BlueZAgentRequest) -> Void = { request in
             requests.withLock { $0.append(request) }
             switch request {
             case .displayPasskey(_, let shown):
@@ -65,10 +90,15 @@ public struct PeripheralPairing: Sendable {
             default: break
             }
         }
+        let policy = BlueZAgentPolicy.pairing(
+            device: device.path, passkey: passkey, askPasskey: askPasskey, askConfirmation: askConfirmation,
+            observe: observe)
         // KeyboardDisplay lets bluetoothd pick passkey entry or numeric comparison (both need the operator's
-        // number); without a number NoInputNoOutput asks for Just Works, the only method Ferry can finish.
+        // number or the operator); with neither, NoInputNoOutput asks for Just Works, the only method Ferry
+        // can then finish.
+        let canAnswer = passkey != nil || prompt != nil
         let agent = try await BlueZAgent.register(
-            client: client, path: "/ferry/pairing", capability: passkey == nil ? .noInputNoOutput : .keyboardDisplay,
+            client: client, path: "/ferry/pairing", capability: canAnswer ? .keyboardDisplay : .noInputNoOutput,
             policy: policy, makeDefault: false, log: { log.log(.debug, $0) })
         var method = PairingMethod.existingBond
         do {
@@ -87,7 +117,8 @@ public struct PeripheralPairing: Sendable {
         } catch {
             await agent.unregister()
             await disconnectAndWait(device)
-            throw PairingError("\(address): " + Self.explain(error, requests: requests.withLock { $0 }, passkey: passkey))
+            throw PairingError("\(address): " + Self.explain(
+                    error, requests: requests.withLock { $0 }, passkey: passkey, askedOperator: prompt != nil))
         }
         await agent.unregister()
         let identity = await device.address().flatMap(PeripheralAddress.init) ?? address
@@ -134,6 +165,11 @@ public struct PeripheralPairing: Sendable {
             }
             defer { group.cancelAll() }
             try await group.next()
+        }
+        // The Pair reply can beat the PropertiesChanged signal that reports the bond.
+        try? await cache.waitUntil(timeout: .seconds(5)) {
+            let p = $0.properties(devicePath, BlueZInterface.device)
+            return (p?["Bonded"]?.bool ?? p?["Paired"]?.bool) == true
         }
         guard await device.isBonded() else {
             throw PairingError("paired but not bonded: the peripheral did not hand over keys, so every reconnect "
@@ -207,7 +243,9 @@ public struct PeripheralPairing: Sendable {
     }
 
     /// One line an operator can act on.
-    static func explain(_ error: any Error, requests: [BlueZAgentRequest], passkey: UInt32?) -> String {
+    static func explain(
+        _ error: any Error, requests: [BlueZAgentRequest], passkey: UInt32?, askedOperator: Bool = false
+    ) -> String {
         let askedForNumber = requests.contains {
             if case .passkeyRequested = $0 { return true }
             if case .confirmationRequested = $0 { return true }
@@ -216,12 +254,13 @@ public struct PeripheralPairing: Sendable {
         guard let bluez = error as? BlueZError else { return "\(error)" }
         switch bluez.kind {
         case .authenticationFailed, .authenticationRejected, .authenticationCanceled:
-            if askedForNumber && passkey == nil {
-                return "authentication failed: the peripheral wants a passkey; run again with --passkey N "
-                    + "(the number it displays) [\(bluez)]"
+            if askedForNumber && passkey == nil && !askedOperator {
+                return "authentication failed: the peripheral wants a passkey or a confirmed number; run "
+                    + "ferry pair in a terminal (it asks), or with --passkey N for a fixed passkey [\(bluez)]"
             }
-            if passkey != nil {
-                return "authentication failed: wrong passkey, or the peripheral refused to pair [\(bluez)]"
+            if passkey != nil || (askedForNumber && askedOperator) {
+                return "authentication failed: wrong passkey or number not confirmed, or the peripheral refused "
+                    + "to pair [\(bluez)]"
             }
             return "authentication failed: the peripheral refused Just Works pairing (does it need a passkey? "
                 + "then --passkey N) [\(bluez)]"

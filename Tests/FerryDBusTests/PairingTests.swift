@@ -116,6 +116,34 @@ final class RecordingLog: LogSink {
         }
     }
 
+    @Test func theOperatorIsAskedForNumbersThatOnlyExistOncePairingHasBegun() async throws {
+        // Passkey entry: the peripheral displays a fresh number; the operator types it when asked.
+        try await withPairing(.passkey(expected: 31_337)) { fake, pairing, store in
+            var asked = pairing
+            asked.operatorPrompt = .init(enterPasskey: { 31_337 }, confirmNumber: { _ in false })
+            let result = try await asked.pair(address: address, passkey: nil, store: store)
+            #expect(result.method == .passkey)
+            #expect(fake.state.withLock { $0.agents.first?.capability } == "KeyboardDisplay")
+        }
+        // Numeric comparison: the operator sees the number (with leading zeros) and says yes, or no.
+        let shown = LockedValue<[String]>([])
+        try await withPairing(.numericComparison(shown: 4_242)) { _, pairing, store in
+            var refusing = pairing
+            let record: @Sendable (String) async -> Bool = { number in
+                shown.withLock { list in list.append(number) }
+                return false
+            }
+            refusing.operatorPrompt = .init(enterPasskey: { nil }, confirmNumber: record)
+            let message = await failureMessage { try await refusing.pair(address: address, passkey: nil, store: store) }
+            #expect(message.contains("not confirmed"), "\(message)")
+            var accepting = pairing
+            accepting.operatorPrompt = .init(enterPasskey: { nil }, confirmNumber: { _ in true })
+            let accepted = try await accepting.pair(address: address, passkey: nil, store: store)
+            #expect(accepted.method == .numericComparison)
+        }
+        #expect(shown.withLock { $0 } == ["004242"])
+    }
+
     @Test func aPeripheralWithoutTheSyncServiceIsNotTrustedAndItsBondIsRemoved() async throws {
         var tree = FakeBlueZ.adapterOnly()
         var device = FakeBlueZ.deviceInterfaces(resolved: true)
@@ -144,7 +172,8 @@ final class RecordingLog: LogSink {
         let seen = LockedValue<[BlueZAgentRequest]>([])
         let agent = try await BlueZAgent.register(
             client: client, capability: .keyboardDisplay,
-            policy: .pairing(device: FakeBlueZ.devicePath, passkey: 42) { request in seen.withLock { $0.append(request) } })
+            policy: .pairing(
+                device: FakeBlueZ.devicePath, passkey: 42, observe: { request in seen.withLock { $0.append(request) } }))
         defer { Task { await agent.unregister() } }
         func ask(_ member: String, _ arguments: [DBusValue]) async throws -> DBusReply {
             try await fake.connection.call(
