@@ -146,7 +146,8 @@ def _log_command(run: FerryRun) -> None:
 def ferry(args: list[str], limit: float) -> FerryRun:
     """Runs ferry, killed by `timeout` after `limit` s (rc 124 then: a hang)."""
     t0 = time.monotonic()
-    p = subprocess.run(["timeout", "-k", "5", str(int(limit)), FERRY, *args], capture_output=True, text=True)
+    p = subprocess.run(["timeout", "-k", "5", str(int(limit)), FERRY, *args], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL)  # no terminal: ferry pair must never wait for an operator
     run = FerryRun(args, p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
     _log_command(run)
     return run

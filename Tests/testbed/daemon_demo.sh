@@ -18,7 +18,7 @@ for _ in $(seq 100); do [[ -s "$S/port" ]] && break; sleep 0.1; done
 mkdir -p -m 700 "$S/state"
 for A in "${ALLOWED[@]}"; do
     echo "== ferry pair --address $A --db $S/state/ferry.sqlite"
-    "$FERRY" pair --address "$A" --db "$S/state/ferry.sqlite" --timeout 90 || { kill "$BACKEND_PID"; exit 1; }
+    "$FERRY" pair --address "$A" --db "$S/state/ferry.sqlite" --timeout 90 </dev/null || { kill "$BACKEND_PID"; exit 1; }
 done
 # No allowlist: the paired (trusted) peripherals are what ferry run syncs.
 cat >"$S/ferry.json" <<JSON
