@@ -7,6 +7,12 @@ final class Flag: Sendable {
     var isSet: Bool { value.withLock { $0 } }
 }
 
+/// A device resolved its services and the wanted one is not among them.
+public struct ServiceMissing: Error, CustomStringConvertible, Sendable {
+    public var serviceUUIDs: [String]
+    public var description: String { "its services: \(serviceUUIDs.joined(separator: ", "))" }
+}
+
 /// One org.bluez.Device1 object.
 public struct BlueZDevice: Sendable {
     public let path: String
@@ -48,8 +54,11 @@ public struct BlueZDevice: Sendable {
     public func isPaired() async -> Bool { await properties()?["Paired"]?.bool ?? false }
     /// Keys stored for reconnection (Device1.Bonded, BlueZ ≥ 5.64); older BlueZ only has Paired, which for an
     /// LE pairing with bonding means the same.
-    public func isBonded() async -> Bool {
-        guard let properties = await properties() else { return false }
+    public func isBonded() async -> Bool { Self.hasBond(await properties()) }
+
+    /// The bond test on a Device1 property set (for cache waits as well as reads).
+    public static func hasBond(_ properties: BlueZProperties?) -> Bool {
+        guard let properties else { return false }
         return properties["Bonded"]?.bool ?? properties["Paired"]?.bool ?? false
     }
     public func isTrusted() async -> Bool { await properties()?["Trusted"]?.bool ?? false }
@@ -109,6 +118,27 @@ public struct BlueZDevice: Sendable {
         switch outcome {
         case .success(let servicePath): return BlueZGattService(path: servicePath, cache: cache)
         case .failure(let error): throw error
+        }
+    }
+
+    /// Waits for ServicesResolved (up to `timeout`), then up to `exportGrace` for the service and its
+    /// characteristics (BlueZ may export them a moment later). A device that resolved without the service
+    /// throws `ServiceMissing` with the services it does have, so callers can say "not a Sync peripheral"
+    /// within seconds instead of after a long timeout.
+    public func resolveService(
+        uuid: String, characteristicUUIDs: [String], timeout: Duration, exportGrace: Duration = .seconds(3)
+    ) async throws -> BlueZGattService {
+        do {
+            let devicePath = path
+            try await cache.waitUntil(timeout: timeout) {
+                $0.properties(devicePath, BlueZInterface.device)?["ServicesResolved"]?.bool == true
+            }
+            return try await waitUntilServicesResolved(
+                serviceUUID: uuid, characteristicUUIDs: characteristicUUIDs, timeout: exportGrace)
+        } catch {
+            let uuids = await gattServiceUUIDs()
+            if !uuids.isEmpty && !uuids.contains(uuid.lowercased()) { throw ServiceMissing(serviceUUIDs: uuids) }
+            throw error
         }
     }
 

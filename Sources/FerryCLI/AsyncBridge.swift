@@ -32,3 +32,19 @@ enum AsyncBridge {
         return try result.withLock { $0! }.get()
     }
 }
+
+/// Runs `body`, failing with a one-line message after `seconds` (every radio command is bounded).
+func withDeadline<T: Sendable>(seconds: Double, what: String, _ body: @escaping @Sendable () async throws -> T)
+    async throws -> T
+{
+    try await withThrowingTaskGroup(of: T.self) { group in
+        group.addTask { try await body() }
+        group.addTask {
+            try await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
+            throw CommandFailure("\(what): no result within \(Int(seconds)) s")
+        }
+        defer { group.cancelAll() }
+        guard let first = try await group.next() else { throw CancellationError() }
+        return first
+    }
+}

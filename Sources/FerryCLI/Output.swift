@@ -75,3 +75,8 @@ enum JSON {
         return out + "\""
     }
 }
+
+/// A table cell: `s` left-aligned in `width` columns, and always at least one space after it.
+func pad(_ s: String, _ width: Int) -> String {
+    s.count >= width ? s + " " : s + String(repeating: " ", count: width - s.count)
+}

@@ -245,24 +245,4 @@ enum PeripheralsCommand {
         if bonds.isEmpty { output.err("ferry: bluetoothd not reachable: bond state unknown") }
         return 0
     }
-
-    private static func pad(_ s: String, _ width: Int) -> String {
-        s.count >= width ? s + " " : s + String(repeating: " ", count: width - s.count)
-    }
-}
-
-/// Runs `body`, failing with a one-line message after `seconds` (every radio command is bounded).
-func withDeadline<T: Sendable>(seconds: Double, what: String, _ body: @escaping @Sendable () async throws -> T)
-    async throws -> T
-{
-    try await withThrowingTaskGroup(of: T.self) { group in
-        group.addTask { try await body() }
-        group.addTask {
-            try await Task.sleep(for: .milliseconds(Int64(seconds * 1000)))
-            throw CommandFailure("\(what): no result within \(Int(seconds)) s")
-        }
-        defer { group.cancelAll() }
-        guard let first = try await group.next() else { throw CancellationError() }
-        return first
-    }
 }

@@ -69,8 +69,4 @@ enum StatusCommand {
         output.out("store: \(diskBytes) bytes on disk (with WAL)")
         return 0
     }
-
-    private static func pad(_ s: String, _ width: Int) -> String {
-        s.count >= width ? s + " " : s + String(repeating: " ", count: width - s.count)
-    }
 }

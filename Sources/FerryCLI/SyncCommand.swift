@@ -131,10 +131,10 @@ enum SyncCommand {
         // Pairing prompts bluetoothd sends while we touch the Sync characteristics (a peripheral demanding
         // encryption) are refused at once: pairing is `ferry pair`'s job, and with no agent at all such a
         // call would hang until its D-Bus timeout.
-        let agent = try? await BlueZAgent.register(
+        // No unregistering needed: bluetoothd drops an agent when its owner's bus connection closes (at exit).
+        _ = try? await BlueZAgent.register(
             client: client, path: "/ferry/sync_agent", policy: .rejectAll, makeDefault: false,
             log: { log.log(.debug, $0) })
-        defer { if let agent { Task { await agent.unregister() } } }
         var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) {
             log.log(.info, $0)
         }
@@ -152,22 +152,16 @@ enum SyncCommand {
         }
         log.log(.info, "connected to \(address)")
 
-        // ServicesResolved first; then the Sync service must show up (BlueZ may export it a moment later).
         let service: BlueZGattService
         do {
-            let devicePath = device.path
-            try await client.objects.waitUntil(timeout: min(remaining(), .seconds(30))) {
-                $0.properties(devicePath, BlueZInterface.device)?["ServicesResolved"]?.bool == true
-            }
-            service = try await device.waitUntilServicesResolved(
-                serviceUUID: SyncProfile.serviceUUID,
-                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(3))
-        } catch {
-            let uuids = await device.gattServiceUUIDs()
+            service = try await device.resolveService(
+                uuid: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID],
+                timeout: min(remaining(), .seconds(30)))
+        } catch let missing as ServiceMissing {
             try? await device.disconnect()
-            if !uuids.isEmpty && !uuids.contains(SyncProfile.serviceUUID) {
-                throw CommandFailure("\(address) is not a Sync peripheral (its services: \(uuids.joined(separator: ", ")))")
-            }
+            throw CommandFailure("\(address) is not a Sync peripheral (\(missing))")
+        } catch {
+            try? await device.disconnect()
             throw CommandFailure("services of \(address) did not resolve: \(error)")
         }
 

@@ -442,14 +442,13 @@ struct SessionWorker: Sendable {
         }
         let service: BlueZGattService
         do {
-            service = try await device.waitUntilServicesResolved(
-                serviceUUID: SyncProfile.serviceUUID,
-                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(20))
             // A late-exported STREAM_INFO is waited for by BlueZSyncTransport.
+            service = try await device.resolveService(
+                uuid: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID],
+                timeout: .seconds(20))
         } catch {
-            let uuids = await device.gattServiceUUIDs()
-            if !uuids.isEmpty && !uuids.contains(SyncProfile.serviceUUID) {
-                log.log(.warning, "\(address): not a Sync peripheral (services: \(uuids.joined(separator: ", ")))")
+            if let missing = error as? ServiceMissing {
+                log.log(.warning, "\(address): not a Sync peripheral (\(missing))")
             } else {
                 log.log(.warning, "\(address): services did not resolve: \(error)")
             }

@@ -157,8 +157,7 @@ public struct PeripheralPairing: Sendable {
             }
             group.addTask {
                 try await cache.waitUntil(timeout: timeout + .seconds(1)) {
-                    let p = $0.properties(devicePath, BlueZInterface.device)
-                    return (p?["Bonded"]?.bool ?? p?["Paired"]?.bool) == true
+                    BlueZDevice.hasBond($0.properties(devicePath, BlueZInterface.device))
                 }
                 // Give the Pair reply (and an error it might carry) a moment to arrive first.
                 try await Task.sleep(for: .milliseconds(500))
@@ -168,8 +167,7 @@ public struct PeripheralPairing: Sendable {
         }
         // The Pair reply can beat the PropertiesChanged signal that reports the bond.
         try? await cache.waitUntil(timeout: .seconds(5)) {
-            let p = $0.properties(devicePath, BlueZInterface.device)
-            return (p?["Bonded"]?.bool ?? p?["Paired"]?.bool) == true
+            BlueZDevice.hasBond($0.properties(devicePath, BlueZInterface.device))
         }
         guard await device.isBonded() else {
             throw PairingError("paired but not bonded: the peripheral did not hand over keys, so every reconnect "
@@ -211,23 +209,13 @@ public struct PeripheralPairing: Sendable {
 
     private func verifySyncService(_ device: BlueZDevice, address: PeripheralAddress) async throws -> BlueZGattService {
         do {
-            // ServicesResolved first; then the Sync service gets a short grace (BlueZ may export it a moment
-            // later), so a peripheral without it is told apart in seconds.
-            let devicePath = device.path
-            try await client.objects.waitUntil(timeout: .seconds(20)) {
-                $0.properties(devicePath, BlueZInterface.device)?["ServicesResolved"]?.bool == true
-            }
-            return try await device.waitUntilServicesResolved(
-                serviceUUID: SyncProfile.serviceUUID,
-                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(3))
-        } catch {
-            let uuids = await device.gattServiceUUIDs()
-            if !uuids.isEmpty && !uuids.contains(SyncProfile.serviceUUID) {
-                // Ferry only keeps bonds it will use: drop the one just made.
-                try? await adapter.removeDevice(device.path)
-                throw PairingError("not a Sync peripheral (its services: \(uuids.joined(separator: ", "))); bond removed")
-            }
-            throw error
+            return try await device.resolveService(
+                uuid: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID],
+                timeout: .seconds(20))
+        } catch let missing as ServiceMissing {
+            // Ferry only keeps bonds it will use: drop the one just made.
+            try? await adapter.removeDevice(device.path)
+            throw PairingError("not a Sync peripheral (\(missing)); bond removed")
         }
     }
 
