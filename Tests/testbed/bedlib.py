@@ -48,6 +48,17 @@ class Checks:
             json.dump({"scenario": self.scenario, "checks": self.items}, f, indent=1)
         os.replace(path + ".tmp", path)
 
+    def crashed(self, e: Exception) -> None:
+        """A crash in a scenario is a failure, with its reason in checks.json and the traceback in the log."""
+        import traceback
+        traceback.print_exc()
+        self.check("scenario ran to the end", False, f"{type(e).__name__}: {e}")
+
+    def finish(self) -> int:
+        """Writes checks.json; the guest's exit status (1 if any check failed)."""
+        self.write()
+        return 1 if self.failed else 0
+
 
 # ---------------------------------------------------------------- host side
 
