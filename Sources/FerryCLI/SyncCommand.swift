@@ -212,13 +212,6 @@ enum SyncCommand {
                 result = reason
             }
         }
-        let head = runner.machine.knownHead
-        try? store.recordSyncState(
-            PeripheralSyncState(
-                peripheral: address, lastSyncAt: SystemWallClock().nowMillis(),
-                lastResult: runner.summary.backpressure
-                    ? "backpressure" : SyncResultKind.of(runner.summary.disconnectReason ?? "linkLost"),
-                epoch: runner.summary.epoch, head: head))
         return Outcome(
             summary: runner.summary, decoder: runner.machine.decoder.statistics, result: result,
             notifyPath: transport.notifyMethod?.rawValue ?? "none", mtu: transport.mtu, seconds: seconds())

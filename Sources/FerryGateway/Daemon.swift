@@ -287,10 +287,9 @@ public actor GatewayDaemon {
         guard refusals[address] != why else { return }
         refusals[address] = why
         log.log(.warning, "\(address): \(why)")
-        try? registry?.recordSyncState(
-            PeripheralSyncState(
-                peripheral: address, lastSyncAt: SystemWallClock().nowMillis(),
-                lastResult: why.hasPrefix("bond lost") ? "refused: bond lost" : "refused: not bonded", epoch: nil, head: nil))
+        try? registry?.recordSessionEnd(
+            peripheral: address, result: why.hasPrefix("bond lost") ? "refused: bond lost" : "refused: not bonded",
+            epoch: nil, head: nil)
     }
 
     /// The daemon's Agent1: refuses every request. Pairing is an explicit operator action (`ferry pair`); an
@@ -497,11 +496,6 @@ struct SessionWorker: Sendable {
         default: outcome = .failed
         }
         let rate = seconds > 0 ? Double(s.framesStored) / seconds : 0
-        try? store.recordSyncState(
-            PeripheralSyncState(
-                peripheral: address, lastSyncAt: SystemWallClock().nowMillis(),
-                lastResult: s.backpressure ? "backpressure" : (s.disconnectReason.map(SyncResultKind.of) ?? "linkLost"),
-                epoch: s.epoch, head: head))
         if let reason = s.disconnectReason, let security = LinkSecurity.encryptionProblem(in: reason) {
             log.log(.warning, "\(address): \(security)")
         }
@@ -514,14 +508,6 @@ struct SessionWorker: Sendable {
                 + (s.backpressure ? "; store over its disk budget (backpressure)" : "")
                 + " [via \(transport.notifyMethod?.rawValue ?? "none")]")
         return SessionResult(outcome: outcome, summary: s)
-    }
-}
-
-/// The kind of a session's end for `peripheral_sync_state.last_result`.
-public enum SyncResultKind {
-    /// "streamInfoUnreadable(\"...\")" → "streamInfoUnreadable": the column holds a kind, not a message.
-    public static func of(_ reason: String) -> String {
-        String(reason.prefix { $0 != "(" && $0 != ":" })
     }
 }
 

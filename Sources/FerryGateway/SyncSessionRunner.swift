@@ -209,9 +209,21 @@ public final class SyncSessionRunner {
             return []
         case .disconnect(let reason):
             summary.disconnectReason = "\(reason)"
+            recordSessionEnd()
             await transport.disconnect()
             finished = true
             return []
+        }
+    }
+
+    /// How the session ended, for `ferry peripherals`. Information for operators, outside the commit
+    /// transaction: losing it in a crash loses nothing the protocol relies on.
+    private func recordSessionEnd() {
+        let result = summary.backpressure ? "backpressure" : SyncResultKind.of(summary.disconnectReason ?? "linkLost")
+        do {
+            try store.recordSessionEnd(peripheral: peripheral, result: result, epoch: stream?.key.epoch, head: machine.knownHead)
+        } catch {
+            log.log(.warning, "\(peripheral): cannot record how the session ended: \(error)")
         }
     }
 
@@ -223,5 +235,13 @@ public final class SyncSessionRunner {
         summary.gapsRecorded = s.gapsRecorded
         summary.regressions = s.regressions
         summary.corrupt = machine.decoder.statistics.corruptRuns
+    }
+}
+
+/// The kind of a session's end for `peripheral_sync_state.last_result`.
+public enum SyncResultKind {
+    /// "streamInfoUnreadable(\"...\")" → "streamInfoUnreadable": the column holds a kind, not a message.
+    public static func of(_ reason: String) -> String {
+        String(reason.prefix { $0 != "(" && $0 != ":" })
     }
 }

@@ -107,6 +107,12 @@ extension GatewayStore {
         }
     }
 
+    /// `recordSyncState` at the store clock's now.
+    public func recordSessionEnd(peripheral: PeripheralAddress, result: String, epoch: UInt64?, head: UInt64?) throws {
+        try recordSyncState(
+            PeripheralSyncState(peripheral: peripheral, lastSyncAt: clock.nowMillis(), lastResult: result, epoch: epoch, head: head))
+    }
+
     public func syncState(_ peripheral: PeripheralAddress) throws -> PeripheralSyncState? {
         try store {
             var result: PeripheralSyncState?

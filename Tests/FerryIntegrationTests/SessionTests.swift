@@ -29,6 +29,22 @@ struct SessionTests {
         #expect(try gateway.outboxCount(type: "FRAMES") == outboxBefore)
         _ = try expectConsistent(gateway, peripheral)
     }
+
+    @Test("A session records how it ended (what ferry peripherals shows): result, store epoch, head")
+    func sessionEndIsRecorded() async throws {
+        let dir = try TemporaryDirectory("session-end")
+        defer { dir.remove() }
+        let peripheral = try SimulatedPeripheral(directory: dir.url.appendingPathComponent("device"), seed: 2)
+        try peripheral.record(count: 50)
+        let gateway = try Gateway(directory: dir)
+        #expect(try gateway.store.syncState(gateway.address) == nil)
+        try await gateway.syncUntilCaughtUp(peripheral)
+        let state = try #require(try gateway.store.syncState(gateway.address))
+        #expect(state.lastResult == "caughtUp")
+        #expect(state.head == 50)
+        #expect(state.epoch != nil)
+        #expect(state.epoch == (try gateway.store.activeCursor(gateway.address)?.epoch))
+    }
 }
 
 @Test("SessionDriver.syncUntilCaughtUp (the CLI/benchmark helper) reaches the head through faults")
