@@ -155,6 +155,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--ready-file", default=None)
     p.add_argument("--control", default=None, help="FIFO accepting control lines (see TESTBED.md)")
     p.add_argument("--vhci", default="vhci")
+    p.add_argument("--engine", choices=("python", "c"), default="python",
+                   help="who answers the protocol: this file, or the C library Hardware/peripheral through "
+                        "ctypes (scripts/testbed.d/cengine.py; bumble still does GATT and the link)")
     p.add_argument("--check-args", action="store_true", help="validate the options and exit")
     p.add_argument("--list-faults", action="store_true")
     p.add_argument("--list-pairing", action="store_true")
@@ -329,7 +332,7 @@ class SyncPeripheral:
             Characteristic.Properties.WRITE | Characteristic.Properties.WRITE_WITHOUT_RESPONSE,
             write, CharacteristicValue(write=self.on_control_write))
         info = GuardedCharacteristic(sp.STREAM_INFO_UUID, Characteristic.Properties.READ, read,
-                                     CharacteristicValue(read=lambda _conn: self.store.stream_info()))
+                                     CharacteristicValue(read=lambda _conn: self.stream_info_value()))
         self.data_char.refused = lambda what: self.on_clear_link_refusal("DATA", what)
         control.refused = lambda what: self.on_clear_link_refusal("CONTROL", what)
         info.refused = lambda what: self.on_clear_link_refusal("STREAM_INFO", what)
@@ -346,6 +349,9 @@ class SyncPeripheral:
             asyncio.get_running_loop().create_task(self.live_events())
         log.info("%s advertising (epoch %d, head %d, oldest %d)", self.address, self.store.epoch,
                  self.store.head, self.store.oldest)
+
+    def stream_info_value(self) -> bytes:
+        return self.store.stream_info()
 
     def on_connection(self, connection):
         self.stats["connections"] += 1
@@ -872,8 +878,12 @@ async def run(args, faults, pairings) -> None:
     os.makedirs(args.stats_dir, exist_ok=True)
     link = RoutingLink()
     peripherals: dict[str, SyncPeripheral] = {}
+    cls = SyncPeripheral
+    if args.engine == "c":
+        import cengine
+        cls = cengine.c_peripheral_class(SyncPeripheral)
     for i in range(1, args.peripherals + 1):
-        p = SyncPeripheral(i, args, faults_for(faults, i), store_dir, pairing_for(pairings, i))
+        p = cls(i, args, faults_for(faults, i), store_dir, pairing_for(pairings, i))
         await p.start(link)
         peripherals[p.address] = p
     # hci0 appears only now, with every peripheral already advertising: the kernel's first
