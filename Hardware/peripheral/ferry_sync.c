@@ -125,6 +125,7 @@ int ferry_wipe(ferry_peripheral *p) {
     if (rc != FERRY_OK) return rc;
     m.head = 0;
     m.deleted_through = 0;
+    p->sent_max = 0; /* seqs of the old stream mean nothing in the new one */
     return persist(p, &m);
 }
 
@@ -237,10 +238,13 @@ ferry_control_kind ferry_on_control(ferry_conn *c, const uint8_t *data, size_t l
     case FERRY_CTL_SYNC_ACK: {
         uint64_t ack = ctl.seq;
         p->stats.acks++;
-        if (ack > c->proven) {
-            /* Never delete what this gateway cannot have: release only what it proved it holds. */
+        /* Never delete what the gateway cannot have: release only through the highest seq that left this
+         * peripheral (on any connection since boot: Ferry acknowledges its stored cursor on a new link
+         * before its SYNC_REQ, for frames a dropped link delivered) or that this connection's SYNC_REQ
+         * claimed. */
+        if (ack > max64(c->proven, min64(p->sent_max, p->meta.head))) {
             p->stats.ack_beyond_sent++;
-            ack = c->proven;
+            ack = max64(c->proven, min64(p->sent_max, p->meta.head));
         }
         p->stats.highest_ack = max64(p->stats.highest_ack, ack);
         c->ack_base = max64(c->ack_base, ack);
@@ -334,6 +338,7 @@ int ferry_pump(ferry_conn *c, unsigned max_notifications) {
         c->p->stats.frames_sent += c->pend_frames;
         /* A frame counts as delivered (its seq acknowledgeable) once the note with its last byte left. */
         c->proven = max64(c->proven, c->pend_max);
+        c->p->sent_max = max64(c->p->sent_max, c->pend_max);
         c->pending_len = 0;
         c->pend_frames = 0;
     }

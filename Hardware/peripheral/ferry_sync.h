@@ -139,7 +139,7 @@ typedef struct {
     uint32_t sync_reqs, acks, frames_sent, notifications, bytes_sent;
     uint32_t control_errors[FERRY_CTL_KINDS]; /* indexed by ferry_control_kind (REQ/ACK slots unused) */
     uint32_t req_beyond_head;  /* SYNC_REQ seq > head (gateway thinks we had more: regression) */
-    uint32_t ack_beyond_sent;  /* SYNC_ACK above what this connection proved delivered: clamped */
+    uint32_t ack_beyond_sent;  /* SYNC_ACK above anything sent or claimed: clamped */
     uint32_t read_errors;      /* unreadable events discarded */
     uint64_t highest_ack, deleted;
 } ferry_stats;
@@ -170,6 +170,7 @@ typedef struct ferry_peripheral {
     void *random_ctx;
     ferry_meta meta;
     ferry_stats stats;
+    uint64_t sent_max; /* highest seq whose frame fully left on any connection since init/wipe (RAM only) */
 } ferry_peripheral;
 
 /* Starts from persisted meta (NULL, or epoch 0: a fresh/wiped store -> new epoch, persisted at once).

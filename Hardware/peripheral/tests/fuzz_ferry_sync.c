@@ -27,7 +27,7 @@ typedef struct {
     int requested;
     uint16_t window;
     uint64_t base;       /* max(SYNC_REQ seq, deleted_through then), raised by believable ACKs */
-    uint64_t delivered;  /* highest seq claimed by a SYNC_REQ (capped at head) or received whole */
+    uint64_t delivered;  /* highest seq claimed by this link's SYNC_REQ (capped at head) or received whole */
     size_t req_off;      /* stream offset of the latest SYNC_REQ */
     unsigned carry;      /* at most this many leading frames were already under way at that SYNC_REQ */
     uint64_t carry_limit, carry_below; /* ... within the old window, below the old replay's next seq */
@@ -35,9 +35,12 @@ typedef struct {
 } model;
 
 static void on_req(model *m, const ferry_peripheral *p, const ferry_conn *c, uint64_t last, uint16_t w) {
+    uint64_t hi = c->pend_frames ? c->pend_max : 0;
+    if (c->frame_off < c->frame_len && c->cur_seq > hi) hi = c->cur_seq;
     m->carry = c->pend_frames + (c->frame_off < c->frame_len ? 1u : 0u);
-    m->carry_limit = m->requested ? m->base + m->window : 0;
-    m->carry_below = c->next_seq;
+    /* frames under way may come from an earlier request than the last one: the loosest old window */
+    if (m->requested && m->base + m->window > m->carry_limit) m->carry_limit = m->base + m->window;
+    m->carry_below = hi + 1;
     m->requested = 1;
     m->window = w;
     m->base = last > p->meta.deleted_through ? last : p->meta.deleted_through;
@@ -46,8 +49,11 @@ static void on_req(model *m, const ferry_peripheral *p, const ferry_conn *c, uin
     m->checked = 0;
 }
 
+static uint64_t sent_ever; /* highest seq received whole on any link since the last restart/wipe */
+
 static void on_ack(model *m, uint64_t ack) {
-    uint64_t eff = ack > m->delivered ? m->delivered : ack;
+    uint64_t bound = m->delivered > sent_ever ? m->delivered : sent_ever;
+    uint64_t eff = ack > bound ? bound : ack;
     if (eff > m->base) m->base = eff;
 }
 
@@ -65,6 +71,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     REQUIRE(d != NULL);
     memset(&m, 0, sizeof m);
+    sent_ever = 0;
     ferry_ram_store_init(&rs, ram, sizeof ram, 64);
     st = ferry_ram_store_callbacks(&rs);
     REQUIRE(ferry_init(&per, &st, kit_random, NULL, NULL) == FERRY_OK);
@@ -109,7 +116,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             i++;
             ferry_on_control(&conn, b, kit_ack(b, ack));
             /* an ACK never deletes what the gateway did not have */
-            REQUIRE(per.meta.deleted_through <= (m.delivered > before ? m.delivered : before));
+            REQUIRE(per.meta.deleted_through <= (m.delivered > before ? m.delivered : before) ||
+                    per.meta.deleted_through <= sent_ever);
             on_ack(&m, ack);
             break;
         }
@@ -135,7 +143,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             break;
         case 9: /* disconnect (maybe mid-frame), maybe a restart from persisted state */
             ferry_conn_close(&conn);
-            if (arg & 1) REQUIRE(ferry_init(&per, &st, kit_random, NULL, ferry_ram_store_meta(&rs)) == FERRY_OK);
+            if (arg & 1) {
+                REQUIRE(ferry_init(&per, &st, kit_random, NULL, ferry_ram_store_meta(&rs)) == FERRY_OK);
+                sent_ever = 0;
+            }
             i++;
             kit_link_reset(&link_, 23);
             ferry_conn_open(&conn, &per, &t);
@@ -152,6 +163,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 memset(&m, 0, sizeof m);
                 subscribed = 0;
                 head_seen = 0;
+                sent_ever = 0;
                 epoch_seen = per.meta.epoch;
             }
             i++;
@@ -169,8 +181,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         REQUIRE(d->type_ok && d->payload_ok && d->bad == 0);
         {
             unsigned k;
-            for (k = 0; k < d->frames && k < 8192; k++)
+            for (k = 0; k < d->frames && k < 8192; k++) {
                 if (d->seq[k] > m.delivered) m.delivered = d->seq[k];
+                if (d->seq[k] > sent_ever) sent_ever = d->seq[k];
+            }
         }
         {
             unsigned k, before = 0;

@@ -197,7 +197,18 @@ static void test_ack_beyond_sent(void) {
     CHECK(ctl_ack(40) == FERRY_CTL_SYNC_ACK);
     CHECK(per.stats.ack_beyond_sent == 1);
     CHECK(per.meta.deleted_through == 5); /* only what was delivered */
+    /* a new link: Ferry acknowledges its stored cursor BEFORE its SYNC_REQ; believable up to what left */
+    ferry_conn_close(&conn);
+    {
+        ferry_transport t = kit_transport(&link_);
+        ferry_conn_open(&conn, &per, &t);
+    }
+    ctl_ack(5);
+    CHECK(per.stats.ack_beyond_sent == 1 && per.meta.deleted_through == 5);
+    ctl_ack(6);
+    CHECK(per.stats.ack_beyond_sent == 2 && per.meta.deleted_through == 5);
     /* caught-up gateway: SYNC_REQ(cursor) then ACK(cursor) at once is legitimate */
+    per.stats.ack_beyond_sent = 1;
     ferry_conn_close(&conn);
     {
         ferry_transport t = kit_transport(&link_);
