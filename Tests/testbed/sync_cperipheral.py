@@ -6,15 +6,15 @@ CRC, notification packing, STREAM_INFO, seq/epoch and restart-from-persisted-met
 (through ctypes, scripts/testbed.d/cengine.py); bumble only does GATT and the link. `ferry sync` drains it
 through the real bluetoothd:
 
- 1. 500 buffered events: all stored exactly once, cursor == head, everything acknowledged and deleted, the
+ 1. 300 buffered events: all stored exactly once, cursor == head, everything acknowledged and deleted, the
     library refused/clamped nothing; a second sync transfers nothing.
- 2. link drop: 1500 more events, the peripheral drops the link mid-sync (control `disconnect`); nothing
-    acknowledged that is not committed; the next sync resumes and ends with 1..2000 exactly once, no GAP.
- 3. peripheral restart: 1000 more, mid-sync the peripheral reboots (control `restart`: link dropped, the C
-    library re-initialised from the persisted head/epoch/deleted_through); the next sync resumes: 1..3000
+ 2. link drop: 900 more events, the peripheral drops the link mid-sync (control `disconnect`); nothing
+    acknowledged that is not committed; the next sync resumes and ends with 1..1200 exactly once, no GAP.
+ 3. peripheral restart: 600 more, mid-sync the peripheral reboots (control `restart`: link dropped, the C
+    library re-initialised from the persisted head/epoch/deleted_through); the next sync resumes: 1..1800
     exactly once, same epoch, no GAP.
  4. store wipe (control `wipe`): the library draws a new epoch, seq restarts at 1; Ferry opens a new stream
-    with the 500 new events, the old rows are kept.
+    with the 300 new events, the old rows are kept.
 
 Host: python3 Tests/testbed/sync_cperipheral.py [--results DIR]   (builds the .so; build ferry first)
 """
@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bedlib as b  # noqa: E402
 
 SCENARIO = "sync_cperipheral"
-EVENTS = 500
-DROP_MORE = 1500
-RESTART_MORE = 1000
+EVENTS = 300
+DROP_MORE = 900
+RESTART_MORE = 600
 
 
 def check_clean(c: b.Checks, label: str, addr: str) -> dict:
@@ -54,9 +54,6 @@ def sync_until(c: b.Checks, label: str, addr: str, db: str, target: int, tries: 
             r.brief() if r else "")
     return j
 
-
-def acks_clamped(addr: str) -> int:
-    return b.stats(addr).get("c_library", {}).get("ack_beyond_sent", -1)
 
 
 def interrupted_sync(c: b.Checks, label: str, addr: str, db: str, command: str, past: int) -> None:
@@ -145,7 +142,7 @@ def guest() -> int:
         # 4. store wipe: a new epoch from the library's random callback, seq from 1
         b.control(f"wipe {addr}")
         s = b.wait_stats(addr, lambda st: int(st["epoch"]) != epoch and st["head"] == EVENTS, 20)
-        c.check("4 wipe: new nonzero epoch, head = the 500 new events", s is not None and int(s["epoch"]) != 0,
+        c.check(f"4 wipe: new nonzero epoch, head = the {EVENTS} new events", s is not None and int(s["epoch"]) != 0,
                 str(s and (s["epoch"], s["head"])))
         if s is not None:
             epoch2 = int(s["epoch"])
@@ -153,7 +150,7 @@ def guest() -> int:
             s = b.stats(addr)
             store = b.Store(db)
             new = [x for x in store.streams(addr) if x["epoch"] == str(epoch2)]
-            c.check("4 a new stream keyed by the new epoch at cursor 500; the old stream's rows are kept",
+            c.check(f"4 a new stream keyed by the new epoch at cursor {EVENTS}; the old stream's rows are kept",
                     len(new) == 1 and new[0]["cursor"] == EVENTS and len(store.frames(addr, str(epoch))) == total,
                     f"streams {store.streams(addr)}")
             b.check_stream_content(c, "4", store, addr, str(epoch2), epoch2, s["generation"], range(1, EVENTS + 1))
