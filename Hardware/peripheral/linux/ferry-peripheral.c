@@ -393,6 +393,7 @@ static DBusHandlerResult on_message(DBusConnection *c, DBusMessage *msg, void *d
         reply = byte_array_reply(msg, info, (int)sizeof info);
     } else if (strcmp(member, "StartNotify") == 0 && strcmp(path, DATA_PATH) == 0) {
         notifying = 1;
+        connected = 1; /* a link that appeared as a new device object (no Connected change signal) */
         if (!conn.active) open_session();
         ferry_conn_subscribe(&conn, 1);
         reply = dbus_message_new_method_return(msg);
