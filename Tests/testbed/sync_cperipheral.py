@@ -16,9 +16,10 @@ through the real bluetoothd:
  4. store wipe (control `wipe`): the library draws a new epoch, seq restarts at 1; Ferry opens a new stream
     with the 300 new events, the old rows are kept.
 
-Host: python3 Tests/testbed/sync_cperipheral.py [--results DIR]   (builds the .so; build ferry first)
+Host: python3 Tests/testbed/sync_cperipheral.py [--results DIR]   (builds the C parts; build ferry first)
 """
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -78,10 +79,109 @@ def interrupted_sync(c: b.Checks, label: str, addr: str, db: str, command: str, 
     store.close()
 
 
+LINUX_PERIPHERAL_ADDR = "F0:E0:D0:00:00:04"  # vhci_pair.py's second controller (public address)
+
+
+def linux_payload(seq: int, size: int = 20) -> bytes:
+    """What ferry-peripheral --generate puts in event seq (its generate())."""
+    return bytes((seq >> (8 * (i % 8))) & 0xFF for i in range(size))
+
+
+def start_linux_peripheral(state: str, generate: int) -> subprocess.Popen:
+    exe = os.path.join(b.ROOT, ".build", "ferry-peripheral", "ferry-peripheral")
+    log = open(os.path.join(b.results_dir(), "ferry-peripheral.log"), "a")
+    return subprocess.Popen([exe, "--adapter", "hci2", "--state", state, "--generate", str(generate)],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_registered(count: int, limit: float) -> bool:
+    """The peripheral logged its count-th 'RegisterAdvertisement ok' (bluetoothd accepted app and ad)."""
+    path = os.path.join(b.results_dir(), "ferry-peripheral.log")
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        with open(path) as f:
+            text = f.read()
+        if text.count("RegisterAdvertisement ok") >= count and text.count("RegisterApplication ok") >= count:
+            return True
+        if "failed" in text:
+            return False
+        time.sleep(0.3)
+    return False
+
+
+def check_linux_content(c: b.Checks, label: str, db: str, epoch: str, last: int) -> None:
+    store = b.Store(db)
+    frames = store.frames(LINUX_PERIPHERAL_ADDR, epoch)
+    wrong = [q for q in range(1, last + 1) if frames.get(q) != linux_payload(q)]
+    c.check(f"{label} store holds seqs 1..{last} exactly once with the peripheral's bytes, no GAP",
+            len(frames) == last and not wrong and not store.events(LINUX_PERIPHERAL_ADDR, "GAP"),
+            f"{len(frames)} rows, {len(wrong)} missing/wrong (first {wrong[:5]}), "
+            f"gaps {store.events(LINUX_PERIPHERAL_ADDR, 'GAP')}")
+    store.close()
+
+
+def scenario_linux_peripheral(c: b.Checks, procs: list[subprocess.Popen]) -> None:
+    """Appends every process it starts to procs (the caller stops them, also after a crash)."""
+    ready = os.path.join(b.scratch(), "vhci-pair.ready")
+    pair = subprocess.Popen([bed_venv_python(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "vhci_pair.py"),
+                             ready], stdout=open(os.path.join(b.results_dir(), "vhci-pair.log"), "w"),
+                            stderr=subprocess.STDOUT)
+    procs.append(pair)
+    deadline = time.monotonic() + 90
+    while not os.path.exists(ready) and pair.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.3)
+    up = os.path.exists(ready) and b.power_on_adapter("hci1", 30) and b.power_on_adapter("hci2", 30)
+    c.check("5 two more adapters (hci1 gateway, hci2 peripheral) on their own emulated link, powered", up,
+            f"vhci_pair exit {pair.poll()}")
+    if not up:
+        return
+    state = os.path.join(b.scratch(), "linux-peripheral")
+    lp = start_linux_peripheral(state, 300)
+    procs.append(lp)
+    c.check("5 ferry-peripheral: bluetoothd accepted its GATT application and advertisement (hci2)",
+            wait_registered(1, 60), f"exit {lp.poll()}; see ferry-peripheral.log")
+    db = os.path.join(b.scratch(), "linux.sqlite")
+    args = ["sync", "--address", LINUX_PERIPHERAL_ADDR, "--adapter", "hci1", "--db", db, "--json", "--timeout", "150"]
+    r = b.ferry(args, limit=180)
+    j = r.json or {}
+    c.check("5 ferry sync (hci1) drains the Linux peripheral (hci2) through bluetoothd: caught up at 300",
+            r.rc == 0 and j.get("cursor") == "300" and j.get("frames_stored") == 300, r.brief())
+    epoch = j.get("epoch", "")
+    check_linux_content(c, "5", db, epoch, 300)
+
+    lp.send_signal(signal.SIGKILL)  # a power cut: only what it persisted survives
+    lp.wait(10)
+    lp = start_linux_peripheral(state, 200)
+    procs.append(lp)
+    c.check("5 restarted from its --state dir after SIGKILL, registered again", wait_registered(2, 60),
+            f"exit {lp.poll()}")
+    r = b.ferry(args, limit=180)
+    j = r.json or {}
+    c.check("5 after the restart: same epoch, 200 new events stored, caught up at 500",
+            r.rc == 0 and j.get("epoch") == epoch and j.get("cursor") == "500" and j.get("frames_stored") == 200,
+            r.brief())
+    check_linux_content(c, "5", db, epoch, 500)
+
+
+def bed_venv_python() -> str:
+    """The bed's bumble venv python: the one scripts/testbed wrote into bed.conf (TESTBED_STATE_DIR may
+    point anywhere), else the default state dir's."""
+    venv = os.path.join(b.ROOT, ".testbed", "venv")
+    try:
+        with open(os.path.join(b.results_dir(), "bed.conf")) as f:
+            for line in f:
+                if line.startswith("TB_VENV="):
+                    venv = line.strip().split("=", 1)[1]
+    except OSError:
+        pass
+    return os.path.join(venv, "bin", "python")
+
+
 def guest() -> int:
     c = b.Checks(SCENARIO)
     addr = b.peripherals()[0]
     db = os.path.join(b.scratch(), "ferry.sqlite")
+    procs: list[subprocess.Popen] = []
     try:
         s = b.stats(addr)
         c.check("0 the peripheral runs the C library (--engine c)", "c_library" in s, str(sorted(s)[:8]))
@@ -156,26 +256,44 @@ def guest() -> int:
             b.check_stream_content(c, "4", store, addr, str(epoch2), epoch2, s["generation"], range(1, EVENTS + 1))
             store.close()
             check_clean(c, "4", addr)
+
+        # 5. the Linux peripheral, real bluetoothd on both sides
+        scenario_linux_peripheral(c, procs)
     except Exception as e:  # a crash in the scenario is a failure, with its reason in checks.json
         c.crashed(e)
+    finally:
+        for p in reversed(procs):
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
     return c.finish()
 
 
 def build_library() -> bool:
-    """The guest loads the host's build (it sees the host's files): build the shared object first."""
+    """The guest runs the host's build (it sees the host's files): build the shared object the emulator loads
+    and the Linux peripheral first."""
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.path.dirname(os.path.dirname(here))
     out = os.path.join(root, ".build", "ferry-peripheral")
     os.makedirs(out, exist_ok=True)
     src = os.path.join(root, "Hardware", "peripheral")
-    cmd = ["cc", "-Wall", "-Wextra", "-Werror", "-std=c99", "-pedantic", "-O2", "-fPIC", "-shared",
-           os.path.join(src, "ferry_sync.c"), os.path.join(src, "ferry_ram_store.c"), os.path.join(src, "tests", "ffi.c"),
-           "-o", os.path.join(out, "libferrysync.so")]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode != 0:
-        print(f"FAIL {SCENARIO}: building libferrysync.so failed: {r.stderr.strip()[:500]}", flush=True)
-        print(f"{SCENARIO}: 0 passed, 1 failed")
-    return r.returncode == 0
+    lib = [os.path.join(src, "ferry_sync.c"), os.path.join(src, "ferry_ram_store.c")]
+    strict = ["cc", "-Wall", "-Wextra", "-Werror", "-std=c99", "-O2"]
+    dbus = subprocess.run(["pkg-config", "--cflags", "--libs", "dbus-1"], capture_output=True, text=True)
+    builds = [strict + ["-pedantic", "-fPIC", "-shared", *lib, os.path.join(src, "tests", "ffi.c"),
+                        "-o", os.path.join(out, "libferrysync.so")],
+              strict + ["-D_POSIX_C_SOURCE=200809L", os.path.join(src, "linux", "ferry-peripheral.c"), *lib,
+                        *dbus.stdout.split(), "-o", os.path.join(out, "ferry-peripheral")]]
+    for cmd in builds:
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0 or dbus.returncode != 0:
+            print(f"FAIL {SCENARIO}: building {cmd[-1]} failed: {(r.stderr or dbus.stderr).strip()[:500]}", flush=True)
+            print(f"{SCENARIO}: 0 passed, 1 failed")
+            return False
+    return True
 
 
 if __name__ == "__main__":
