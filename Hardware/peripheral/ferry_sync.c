@@ -217,6 +217,28 @@ void ferry_conn_close(ferry_conn *c) {
 static uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 static uint64_t max64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
+/* Releases events through ack, but never past what the gateway can have: the highest seq that left this
+ * peripheral (on any connection since boot) or that this connection's SYNC_REQ claimed. Ferry writes
+ * SYNC_ACK(stored cursor) on a new link BEFORE its SYNC_REQ (frames a dropped link delivered and it committed
+ * without an ACK); after a reboot this peripheral no longer knows what left, so such an ACK waits for the
+ * SYNC_REQ that follows and is applied as far as that request claims. */
+static void apply_ack(ferry_conn *c, uint64_t ack) {
+    ferry_peripheral *p = c->p;
+    uint64_t bound = max64(c->proven, min64(p->sent_max, p->meta.head));
+    if (ack > bound) {
+        if (!c->requested) {
+            c->deferred_ack = max64(c->deferred_ack, ack);
+            ack = bound;
+        } else {
+            p->stats.ack_beyond_sent++;
+            ack = bound;
+        }
+    }
+    p->stats.highest_ack = max64(p->stats.highest_ack, ack);
+    c->ack_base = max64(c->ack_base, ack);
+    (void)ferry_discard_through(p, ack);
+}
+
 ferry_control_kind ferry_on_control(ferry_conn *c, const uint8_t *data, size_t len) {
     ferry_peripheral *p = c->p;
     ferry_control ctl = ferry_parse_control(data, len);
@@ -234,23 +256,16 @@ ferry_control_kind ferry_on_control(ferry_conn *c, const uint8_t *data, size_t l
         c->next_seq = c->ack_base + 1 > c->ack_base ? c->ack_base + 1 : c->ack_base;
         /* The gateway says it holds everything through seq: an ACK up to there is believable. */
         c->proven = max64(c->proven, min64(ctl.seq, p->meta.head));
-        break;
-    case FERRY_CTL_SYNC_ACK: {
-        uint64_t ack = ctl.seq;
-        p->stats.acks++;
-        /* Never delete what the gateway cannot have: release only through the highest seq that left this
-         * peripheral (on any connection since boot: Ferry acknowledges its stored cursor on a new link
-         * before its SYNC_REQ, for frames a dropped link delivered) or that this connection's SYNC_REQ
-         * claimed. */
-        if (ack > max64(c->proven, min64(p->sent_max, p->meta.head))) {
-            p->stats.ack_beyond_sent++;
-            ack = max64(c->proven, min64(p->sent_max, p->meta.head));
+        if (c->deferred_ack != 0) {
+            uint64_t ack = c->deferred_ack;
+            c->deferred_ack = 0;
+            apply_ack(c, ack);
         }
-        p->stats.highest_ack = max64(p->stats.highest_ack, ack);
-        c->ack_base = max64(c->ack_base, ack);
-        (void)ferry_discard_through(p, ack);
         break;
-    }
+    case FERRY_CTL_SYNC_ACK:
+        p->stats.acks++;
+        apply_ack(c, ctl.seq);
+        break;
     default:
         p->stats.control_errors[ctl.kind]++;
         break;

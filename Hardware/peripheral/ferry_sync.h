@@ -155,6 +155,7 @@ typedef struct {
     uint64_t ack_base;  /* the window counts from here: max(SYNC_REQ seq, last ACK, deleted_through) */
     uint64_t next_seq;  /* next event to frame */
     uint64_t proven;    /* highest seq this gateway showed it has: its SYNC_REQ seq or a frame fully sent */
+    uint64_t deferred_ack; /* an ACK before this link's first SYNC_REQ that could not be believed yet */
     uint64_t cur_seq;   /* seq of the frame in frame[] until its last byte is in note[] (then 0) */
     uint16_t frame_len, frame_off; /* frame[] holds a frame being sent; frame_off bytes are out */
     uint16_t pending_len;          /* a notification the stack refused (BUSY), resent first */

@@ -32,7 +32,10 @@ typedef struct {
     unsigned carry;      /* at most this many leading frames were already under way at that SYNC_REQ */
     uint64_t carry_limit, carry_below; /* ... within the old window, below the old replay's next seq */
     unsigned checked;    /* frames after req_off already checked */
+    uint64_t deferred;   /* an ACK before the link's first SYNC_REQ, beyond what left: applied at the request */
 } model;
+
+static void on_ack(model *m, uint64_t ack);
 
 static void on_req(model *m, const ferry_peripheral *p, const ferry_conn *c, uint64_t last, uint16_t w) {
     uint64_t hi = c->pend_frames ? c->pend_max : 0;
@@ -49,11 +52,20 @@ static void on_req(model *m, const ferry_peripheral *p, const ferry_conn *c, uin
     m->checked = 0;
 }
 
+static void after_req(model *m) {
+    if (m->deferred) {
+        uint64_t d = m->deferred;
+        m->deferred = 0;
+        on_ack(m, d);
+    }
+}
+
 static uint64_t sent_ever; /* highest seq received whole on any link since the last restart/wipe */
 
 static void on_ack(model *m, uint64_t ack) {
     uint64_t bound = m->delivered > sent_ever ? m->delivered : sent_ever;
     uint64_t eff = ack > bound ? bound : ack;
+    if (ack > bound && !m->requested && ack > m->deferred) m->deferred = ack;
     if (eff > m->base) m->base = eff;
 }
 
@@ -95,6 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             c = ferry_parse_control(data + at, n);
             if (c.kind == FERRY_CTL_SYNC_REQ) on_req(&m, &per, &conn, c.seq, c.window);
             k = ferry_on_control(&conn, data + at, n);
+            if (k == FERRY_CTL_SYNC_REQ) after_req(&m);
             REQUIRE(k == c.kind && (unsigned)k < FERRY_CTL_KINDS);
             if (k == FERRY_CTL_SYNC_ACK) on_ack(&m, c.seq);
             i = at + n;
@@ -108,6 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             i += 2;
             if (w != 0) on_req(&m, &per, &conn, last, w);
             ferry_on_control(&conn, b, n);
+            if (w != 0) after_req(&m);
             break;
         }
         case 3: { /* SYNC_ACK */

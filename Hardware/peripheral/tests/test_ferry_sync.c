@@ -205,18 +205,28 @@ static void test_ack_beyond_sent(void) {
     }
     ctl_ack(5);
     CHECK(per.stats.ack_beyond_sent == 1 && per.meta.deleted_through == 5);
-    ctl_ack(6);
-    CHECK(per.stats.ack_beyond_sent == 2 && per.meta.deleted_through == 5);
-    /* caught-up gateway: SYNC_REQ(cursor) then ACK(cursor) at once is legitimate */
-    per.stats.ack_beyond_sent = 1;
+    ctl_ack(6); /* beyond what left, before any SYNC_REQ: waits for the request */
+    CHECK(per.stats.ack_beyond_sent == 1 && per.meta.deleted_through == 5);
+    ctl_req(6, 5);
+    CHECK(per.stats.ack_beyond_sent == 1 && per.meta.deleted_through == 6);
     ferry_conn_close(&conn);
     {
         ferry_transport t = kit_transport(&link_);
         ferry_conn_open(&conn, &per, &t);
     }
-    ctl_req(12, 5);
-    ctl_ack(12);
-    CHECK(per.meta.deleted_through == 12 && per.stats.ack_beyond_sent == 1);
+    ctl_ack(30); /* ...and is applied only as far as that request claims */
+    ctl_req(20, 5);
+    CHECK(per.stats.ack_beyond_sent == 2 && per.meta.deleted_through == 20);
+    per.stats.ack_beyond_sent = 1;
+    /* caught-up gateway: SYNC_REQ(cursor) then ACK(cursor) at once is legitimate */
+    ferry_conn_close(&conn);
+    {
+        ferry_transport t = kit_transport(&link_);
+        ferry_conn_open(&conn, &per, &t);
+    }
+    ctl_req(22, 5);
+    ctl_ack(22);
+    CHECK(per.meta.deleted_through == 22 && per.stats.ack_beyond_sent == 1);
     /* ACK above head after a regression-looking REQ: clamped to head */
     ctl_req(1000, 5);
     CHECK(per.stats.req_beyond_head == 1);
