@@ -152,6 +152,7 @@ enum PeripheralsCommand {
         The trusted peripherals (paired with `ferry pair`): bond state as BlueZ sees it now, when the last
         session ended and how, the stream cursor, the head last seen in STREAM_INFO, and the backlog
         (head − cursor: events the peripheral held that are not yet stored here, as of the last session).
+        Opens the store read-only: never migrates or writes it.
 
         bond: bonded (BlueZ holds keys) | missing (BlueZ has no key: the bond was lost or removed; `ferry run`
         will not sync it until it is paired again) | unknown (bluetoothd not reachable).
@@ -168,7 +169,7 @@ enum PeripheralsCommand {
         let dbPath = try args.required("--db", command: "peripherals")
         let adapterName = args.values["--adapter"]
         let bus = args.values["--bus"]
-        let store = try FerryCommandLine.openStore(dbPath, create: false)
+        let store = try FerryCommandLine.openStore(dbPath, create: false, readOnly: true)
         struct Row {
             var trusted: TrustedPeripheral
             var state: PeripheralSyncState?

@@ -7,6 +7,7 @@ enum StatusCommand {
         Per stream: peripheral, epoch, cursor (last committed seq) and frames staged; outbox event counts per
         status (PENDING, IN_FLIGHT, COMPLETED, FAILED), the age of the oldest PENDING event, and the store's size
         on disk (compare with the gateway's disk budget: over it, peripherals are not acknowledged).
+        Opens the store read-only: never migrates or writes it (an older store is reported, not migrated).
 
         --json prints {"streams":[{"peripheral","epoch","device_epoch","cursor","frames_staged","active"}],
                        "outbox":{"PENDING","IN_FLIGHT","COMPLETED","FAILED"},"oldest_pending_age_seconds",
@@ -18,7 +19,7 @@ enum StatusCommand {
         let args = try ParsedArguments(arguments, command: "status", options: ["--db"], flags: ["--json"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
         let dbPath = try args.required("--db", command: "status")
-        let store = try FerryCommandLine.openStore(dbPath, create: false)
+        let store = try FerryCommandLine.openStore(dbPath, create: false, readOnly: true)
         let streams: [GatewayStore.StreamStatus]
         let counts: [String: Int]
         let oldest: Int64?

@@ -96,6 +96,7 @@ public actor GatewayDaemon {
     public func run() async throws {
         let dbPath = configuration.databasePath
         registry = try GatewayStore(path: dbPath, create: true)  // create/migrate once, before any radio work
+        try registry?.verifyIntegrity()  // quick_check: a damaged store stops the start with the next step
         refreshTrusted(force: true)
         let forwarder = try startForwarder(databasePath: dbPath)
         log.log(

@@ -1,5 +1,6 @@
 /// Versioned schema migrations, tracked with `PRAGMA user_version`. Each migration runs in its own
-/// transaction; a database newer than this binary is refused rather than guessed at.
+/// transaction, which also reads the version (concurrent first opens); a database newer than this binary is
+/// refused rather than guessed at.
 ///
 /// Table and column names are a contract: operators query the file directly (PROTOCOL §5).
 enum Schema {
@@ -89,6 +90,10 @@ public enum StoreError: Error, CustomStringConvertible, Sendable {
     /// A commit found a stored cursor that does not continue into the batch (another writer, or a bug).
     case cursorMismatch(stored: UInt64, batchStartsAt: UInt64)
     case unknownOutboxEvent(String)
+    /// A read-only open found an older schema: a writing command has to migrate it first.
+    case needsMigration(path: String, found: Int64, supported: Int64)
+    /// `PRAGMA quick_check` found damage (daemon start).
+    case damaged(path: String, problems: [String])
 
     public var description: String {
         switch self {
@@ -99,6 +104,14 @@ public enum StoreError: Error, CustomStringConvertible, Sendable {
         case .cursorMismatch(let stored, let start):
             "stored cursor \(stored) does not continue into a batch starting at \(start); nothing was written"
         case .unknownOutboxEvent(let id): "no outbox event with id \(id)"
+        case .needsMigration(let path, let found, let supported):
+            "\(path) has schema version \(found), this ferry uses \(supported); read-only commands do not migrate: "
+                + "run `ferry run` (or ferry ingest/sync/forward) once to migrate it"
+        case .damaged(let path, let problems):
+            "\(path) is damaged (quick_check: \(problems.first ?? "?")"
+                + (problems.count > 1 ? "; and \(problems.count - 1) more" : "") + "); next step: move the file "
+                + "aside (keep it: `sqlite3 FILE .recover` may salvage undelivered rows) and start ferry again, which "
+                + "creates a fresh store; peripherals still hold every event they were not acknowledged for"
         }
     }
 }
