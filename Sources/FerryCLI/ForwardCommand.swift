@@ -24,6 +24,8 @@ enum ForwardCommand {
           --batch-events N      outbox events per batch at most (default 50)
           --timeout S           per-request timeout in whole seconds (default 30)
           --max-retries N       retries of a batch before it is FAILED (default 12)
+          --retention-hours H   delete delivered (COMPLETED) events and their frames H hours after delivery
+                                (default 72; 0 = at the next housekeeping, once a minute)
           --gzip MODE           never | auto (when the backend advertises Accept-Encoding: gzip) | always;
                                 default auto; bodies under 1 KiB are never compressed
           --json                print the run's report as one JSON object
@@ -38,7 +40,7 @@ enum ForwardCommand {
             arguments, command: "forward",
             options: [
                 "--db", "--endpoint", "--token-file", "--gateway-id", "--max-in-flight",
-                "--batch-events", "--timeout", "--max-retries", "--gzip",
+                "--batch-events", "--timeout", "--max-retries", "--gzip", "--retention-hours",
             ],
             flags: ["--until-empty", "--json", "--verbose"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
@@ -51,6 +53,8 @@ enum ForwardCommand {
         let batchEvents = try args.integer("--batch-events", Int.self, default: 50, range: 1...10_000)
         let timeout = try args.integer("--timeout", Int.self, default: 30, range: 1...3600)
         let maxRetries = try args.integer("--max-retries", Int.self, default: 12, range: 0...1000)
+        let retentionHours = try args.number("--retention-hours", default: 72)
+        guard retentionHours <= 87_600 else { throw UsageError("--retention-hours must be at most 87600 (10 years)") }
         let compression: UplinkCompression
         switch args.values["--gzip"] ?? "auto" {
         case "never": compression = .never
@@ -70,6 +74,7 @@ enum ForwardCommand {
         configuration.maxInFlight = maxInFlight
         configuration.limits.maxEvents = batchEvents
         configuration.policy.maxRetries = maxRetries
+        configuration.retentionSeconds = retentionHours * 3600
         let poster: UplinkHTTPPoster
         do {
             poster = try UplinkHTTPPoster(

@@ -30,6 +30,10 @@ public actor GatewayDaemon {
     private var trusted: Set<PeripheralAddress> = []
     private var trustedReadAt = -Double.infinity
     private var registry: GatewayStore?
+    /// Storage pressure (issue 12): the watch task closes this gate while the store is over budget or the disk
+    /// is full; `effectiveDiskBudget` is the config's or the default (`GatewayStore.defaultDiskBudget`).
+    private let storageSignals = StorageSignals()
+    private var effectiveDiskBudget: Int64?
     /// Why a candidate is not being synced (not bonded...), so each refusal is logged once, not every loop.
     private var refusals: [PeripheralAddress: String] = [:]
     /// Totals since start, for the exit summary.
@@ -97,6 +101,7 @@ public actor GatewayDaemon {
         let dbPath = configuration.databasePath
         registry = try GatewayStore(path: dbPath, create: true)  // create/migrate once, before any radio work
         try registry?.verifyIntegrity()  // quick_check: a damaged store stops the start with the next step
+        let storageWatch = startStorageWatch(databasePath: dbPath)
         refreshTrusted(force: true)
         let forwarder = try startForwarder(databasePath: dbPath)
         log.log(
@@ -119,6 +124,8 @@ public actor GatewayDaemon {
             Task { await self.beginStop() }
         }
         await shutdown(forwarder: forwarder)
+        storageWatch.cancel()
+        await storageWatch.value
     }
 
     private func beginStop() {
@@ -208,7 +215,7 @@ public actor GatewayDaemon {
                     }
                     refreshTrusted(force: false)
                     await refreshCandidates(client: client, adapter: adapter)
-                    for address in scheduler.due(now: now) {
+                    for address in storageSignals.sessionsAllowed ? scheduler.due(now: now) : [] {
                         guard let policy = configuration.policy(for: address, trusted: trusted) else { continue }
                         if let refusal = await bondRefusal(address, client: client, adapter: adapter) {
                             refuse(address, refusal)
@@ -325,7 +332,7 @@ public actor GatewayDaemon {
         totals.sessions += 1
         let settings = SessionSettings(
             policy: policy, configuration: configuration.sessionConfiguration, databasePath: configuration.databasePath,
-            connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: configuration.diskBudgetBytes)
+            connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: effectiveDiskBudget)
         let log = self.log
         let clock = self.clock
         let task = Task {
@@ -352,6 +359,7 @@ public actor GatewayDaemon {
         case .interrupted: break
         }
         if let s = result.summary {
+            if s.backpressure { storageSignals.nudge(s.diskFull ? .diskFull : .overBudget) }
             totals.framesStored += s.framesStored
             totals.gaps += s.gapsRecorded
             totals.regressions += s.regressions
@@ -365,6 +373,23 @@ public actor GatewayDaemon {
         }
     }
 
+    /// The storage watch (StoragePressure.swift) with the configured budget, or the default one logged.
+    private func startStorageWatch(databasePath: String) -> Task<Void, Never> {
+        let budget = configuration.diskBudgetBytes ?? GatewayStore.defaultDiskBudget(forStoreAt: databasePath)
+        effectiveDiskBudget = budget
+        log.log(
+            .info,
+            "storage: disk budget \(budget) bytes"
+                + (configuration.diskBudgetBytes == nil
+                    ? " (default: half the room the store had at start, at most 1 GiB; set disk_budget_bytes)" : "")
+                + ", delivered events kept \(String(format: "%g", configuration.retentionHours)) h")
+        let scheduler = self.scheduler
+        let watch = StorageWatch(
+            databasePath: databasePath, budget: budget, signals: storageSignals, log: log, clock: clock,
+            backoff: { scheduler.backoff(afterFailures: $0) })
+        return Task { await watch.run() }
+    }
+
     private func startForwarder(databasePath: String) throws -> Task<Void, Never>? {
         let uplink = configuration.uplink
         guard let endpointText = uplink.endpoint, let endpoint = URL(string: endpointText) else { return nil }
@@ -372,6 +397,7 @@ public actor GatewayDaemon {
         forwarding.maxInFlight = uplink.maxInFlight
         forwarding.limits.maxEvents = uplink.batchEvents
         forwarding.policy.maxRetries = uplink.maxRetries
+        forwarding.retentionSeconds = configuration.retentionHours * 3600
         let poster = try UplinkHTTPPoster(
             configuration: UplinkHTTPConfiguration(
                 endpoint: endpoint, requestTimeoutSeconds: uplink.timeoutSeconds,

@@ -55,6 +55,9 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var window: UInt16 = 20
     public var connectTimeoutSeconds: Double = 35
     public var diskBudgetBytes: Int64?
+    /// Delivered (COMPLETED) events and their frames are deleted this long after delivery (storage pressure
+    /// deletes them earlier, oldest first).
+    public var retentionHours: Double = 72
     public var shutdownGraceSeconds: Double = 5
     public var logLevel: LogLevel = .info
     public var uplink = UplinkSettings()
@@ -91,7 +94,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
     static let topLevelKeys: Set<String> = [
         "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default", "require_bond",
         "max_connections", "sync_interval_seconds", "backoff_base_seconds", "backoff_cap_seconds", "window",
-        "connect_timeout_seconds", "disk_budget_bytes", "shutdown_grace_seconds", "log_level", "uplink",
+        "connect_timeout_seconds", "disk_budget_bytes", "retention_hours", "shutdown_grace_seconds", "log_level",
+        "uplink",
     ]
     static let uplinkKeys: Set<String> = [
         "endpoint", "token_file", "gateway_id", "max_in_flight", "batch_events", "timeout_seconds", "max_retries",
@@ -129,6 +133,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
         if let v = try reader.integer("window", 1...65_535) { c.window = UInt16(v) }
         if let v = try reader.number("connect_timeout_seconds", 1...600) { c.connectTimeoutSeconds = v }
         if let v = try reader.integer("disk_budget_bytes", 1_048_576...Int.max) { c.diskBudgetBytes = Int64(v) }
+        if let v = try reader.number("retention_hours", 0...87_600) { c.retentionHours = v }
         if let v = try reader.number("shutdown_grace_seconds", 0.5...60) { c.shutdownGraceSeconds = v }
         if let v = try reader.string("log_level") {
             guard let level = LogLevel(name: v) else {

@@ -32,6 +32,8 @@ public struct SyncSummary: Sendable, Equatable {
     public var disconnectReason: String?
     /// The store was over its disk budget: nothing more was committed or acknowledged (backpressure).
     public var backpressure = false
+    /// The backpressure came from SQLITE_FULL: the file system itself had no room for the window.
+    public var diskFull = false
 }
 
 /// Executes a `SyncSession`'s actions against a transport and the store. One task owns a runner: events
@@ -200,6 +202,16 @@ public final class SyncSessionRunner {
                     log.log(.warning, "\(peripheral): gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
                 }
                 return machine.commitFinished(cursor: outcome.cursor, now: clock.now())
+            } catch StoreError.sqlite(let e) where e.isFull {
+                // Same as over budget: nothing acknowledged, so nothing lost; the daemon pauses sessions until
+                // the storage watch has made room.
+                summary.backpressure = true
+                summary.diskFull = true
+                log.log(
+                    .error,
+                    "\(peripheral): disk full (SQLITE_FULL): window not committed, nothing acknowledged; the "
+                        + "peripheral keeps its events (backpressure)")
+                return machine.commitFailed(now: clock.now())
             } catch {
                 log.log(.error, "\(peripheral): commit failed, nothing acknowledged: \(error)")
                 return machine.commitFailed(now: clock.now())

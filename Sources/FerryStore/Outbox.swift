@@ -255,19 +255,24 @@ extension GatewayStore {
         try store { try database.integer("SELECT min(next_retry_at) FROM outbox_events WHERE status = 'PENDING'") }
     }
 
-    /// Deletes COMPLETED events completed before `before`, with their frames, in transactions of `chunk`
-    /// events. FAILED events are never pruned. Returns (events, frames) deleted.
+    /// Deletes COMPLETED events completed before `before`, oldest first, with their frames, in transactions of
+    /// `chunk` events, at most `maxEvents` in all (storage pressure frees space a chunk at a time). FAILED events
+    /// are never pruned. Returns (events, frames) deleted.
     @discardableResult
-    public func pruneCompleted(before: Int64, chunk: Int = 500) throws -> (events: Int, frames: Int) {
+    public func pruneCompleted(before: Int64, chunk: Int = 500, maxEvents: Int = Int.max) throws -> (events: Int, frames: Int) {
         try store {
             var totalEvents = 0
             var totalFrames = 0
-            while true {
+            while totalEvents < maxEvents {
+                let limit = min(chunk, maxEvents - totalEvents)
                 let deleted: (Int, Int) = try database.writeTransaction {
                     var ids: [String] = []
                     try database.cached(
-                        "SELECT id FROM outbox_events WHERE status = 'COMPLETED' AND completed_at < ? LIMIT ?"
-                    ).forEach([.integer(before), .integer(Int64(chunk))]) { ids.append($0.text(0)) }
+                        """
+                        SELECT id FROM outbox_events WHERE status = 'COMPLETED' AND completed_at < ?
+                        ORDER BY completed_at LIMIT ?
+                        """
+                    ).forEach([.integer(before), .integer(Int64(limit))]) { ids.append($0.text(0)) }
                     var frames = 0
                     for id in ids {
                         try database.cached(
@@ -286,7 +291,7 @@ extension GatewayStore {
                 }
                 totalEvents += deleted.0
                 totalFrames += deleted.1
-                if deleted.0 < chunk { break }
+                if deleted.0 < limit { break }
             }
             return (totalEvents, totalFrames)
         }

@@ -90,6 +90,7 @@ public actor OutboxForwarder {
             var inFlight = 0
             while !Task.isCancelled {
                 let now = wallClock.nowMillis()
+                try housekeepingIfDue(now: now)  // also while batches are in flight: a busy uplink must still prune
                 if now >= pausedUntil, tokenLoaded || reloadToken(now: now) {
                     while inFlight < configuration.maxInFlight, !Task.isCancelled,
                         let batch = try store.claimBatch(limits: configuration.limits, now: wallClock.nowMillis())
@@ -110,7 +111,6 @@ public actor OutboxForwarder {
                     continue
                 }
                 if untilEmpty, try store.undeliveredCount() == 0 { break }
-                try housekeepingIfDue(now: now)
                 try await sleepUntilDue(now: now)
             }
             group.cancelAll()
