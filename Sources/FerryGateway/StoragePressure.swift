@@ -148,7 +148,8 @@ struct StorageWatch: Sendable {
             if nudge != nil { signals.setSessionsAllowed(gate.sessionsAllowed) }
             return false
         }
-        let (pressure, used) = try measure(store, sawDiskFull: nudge == .diskFull)
+        let (pressure, used) = try measure(
+            store, sawDiskFull: nudge == .diskFull, wantHeadroom: nudge != nil || !gate.sessionsAllowed)
         if let transition = gate.measured(pressure, used: used, now: now, backoff: backoff) {
             report(transition)
         }
@@ -156,14 +157,17 @@ struct StorageWatch: Sendable {
         return true
     }
 
-    /// Measures, and when short of room makes what room it can before judging.
-    func measure(_ store: GatewayStore, sawDiskFull: Bool) throws -> (StorageGate.Pressure?, Int64) {
+    /// Measures, and when short of room makes what room it can before judging. Hysteresis: once short of room
+    /// (`wantHeadroom`: the gate is closed, or a session was just refused), sessions resume only with 10% of
+    /// the budget free again, so that they run for a while instead of reconnecting for every window (the WAL
+    /// alone swings by megabytes between checkpoints).
+    func measure(_ store: GatewayStore, sawDiskFull: Bool, wantHeadroom: Bool) throws -> (StorageGate.Pressure?, Int64) {
         let floor = GatewayStore.freeSpaceFloorBytes
+        let headroom = budget / 10 * 9
         let used = try store.diskBytes()
         let lowOnSpace = sawDiskFull || (store.freeBytes().map { $0 < floor } ?? false)
-        guard lowOnSpace || used > budget else { return (nil, used) }
-        // 90% of the budget: room for a while of new events before the next relief, instead of one per window.
-        let relief = try store.relieveStoragePressure(target: lowOnSpace ? 0 : budget / 10 * 9)
+        guard lowOnSpace || used > (wantHeadroom ? headroom : budget) else { return (nil, used) }
+        let relief = try store.relieveStoragePressure(target: lowOnSpace ? 0 : headroom)
         if relief.eventsPruned > 0 {
             log.log(
                 .notice,
@@ -172,14 +176,15 @@ struct StorageWatch: Sendable {
         }
         let free = store.freeBytes()
         if relief.diskFull || (free.map { $0 < floor } ?? false) { return (.diskFull(free: free), relief.bytesAfter) }
-        if relief.bytesAfter > budget { return (.overBudget(used: relief.bytesAfter, budget: budget), relief.bytesAfter) }
+        if relief.bytesAfter > headroom { return (.overBudget(used: relief.bytesAfter, budget: budget), relief.bytesAfter) }
         return (nil, relief.bytesAfter)
     }
 
     private func report(_ transition: StorageGate.Transition) {
         func why(_ pressure: StorageGate.Pressure) -> String {
             switch pressure {
-            case .overBudget(let used, let budget): "the store uses \(used) bytes, over its budget of \(budget)"
+            case .overBudget(let used, let budget):
+                "the store uses \(used) bytes of its budget of \(budget) (new sessions wait for it to drop below 90%)"
             case .diskFull(let free):
                 "the disk is full (\(free.map { "\($0) bytes free" } ?? "free space unknown"), SQLite needs room)"
             }
