@@ -257,9 +257,10 @@ extension GatewayStore {
 
     /// Deletes COMPLETED events completed before `before`, oldest first, with their frames, in transactions of
     /// `chunk` events, at most `maxEvents` in all (storage pressure frees space a chunk at a time). FAILED events
-    /// are never pruned. Returns (events, frames) deleted.
+    /// are never pruned. Returns (events, frames) deleted. Chunks are small (100 events, ~2000 frames) so that a
+    /// session's commit never waits long for the write lock on a slow SD card (busy timeout 5 s).
     @discardableResult
-    public func pruneCompleted(before: Int64, chunk: Int = 500, maxEvents: Int = Int.max) throws -> (events: Int, frames: Int) {
+    public func pruneCompleted(before: Int64, chunk: Int = 100, maxEvents: Int = Int.max) throws -> (events: Int, frames: Int) {
         try store {
             var totalEvents = 0
             var totalFrames = 0

@@ -7,6 +7,10 @@ import Testing
 
 @testable import FerryGateway
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Issue 12 item 3: disk pressure converges without churning the radio. The daemon's storage gate, its storage
 /// watch (real SQLite file) and its scheduler, composed exactly as `GatewayDaemon.schedulingLoop` composes them
 /// (`signals.sessionsAllowed ? scheduler.due(now:) : []`), with real `SyncSessionRunner` sessions against
@@ -179,5 +183,70 @@ import Testing
     @Test func withoutTheGateTheRadioChurns() async throws {
         let run = try await Self.simulate(gated: false)
         #expect(run.connectionsBeforeDrain >= 500, "\(run.connectionsBeforeDrain)")
+    }
+
+    static let isRoot = getuid() == 0
+
+    /// Another program fills the disk mid-session: the commit fails with SQLITE_FULL, the session ends as
+    /// backpressure (nothing acknowledged that is not committed, so the peripheral keeps the rest), the watch
+    /// sees the disk full; once the space is freed the watch lets sessions run and the next one catches up.
+    @Test(.enabled(if: isRoot, "needs root to mount a small tmpfs"))
+    func sqliteFullInASessionLosesNothingAndRecoversWhenSpaceReturns() async throws {
+        let mountPoint = FileManager.default.temporaryDirectory.path + "/ferry-full-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, "size=8m") == 0, "mount tmpfs")
+        defer {
+            umount(mountPoint)
+            try? FileManager.default.removeItem(atPath: mountPoint)
+        }
+        let path = mountPoint + "/ferry.sqlite"
+        let store = try GatewayStore(path: path)
+        let filler = mountPoint + "/other-program.log"
+        let room = 150 * 1024
+        let free = try #require(store.freeBytes())
+        try Data(repeating: 0x2E, count: Int(free) - room).write(to: URL(fileURLWithPath: filler))
+
+        let address = PeripheralAddress("C0:FF:EE:00:00:01")!
+        let peripheral = try SimulatedPeripheral(directory: nil, seed: 77)
+        try peripheral.record(count: 6_000)
+        let log = Lines()
+        func session() async -> SyncSessionRunner {
+            let clock = ManualClock(start: 0)
+            let transport = SimulatedTransport(connectingTo: peripheral, now: 0)
+            let runner = SyncSessionRunner(peripheral: address, store: store, transport: transport, clock: clock, log: log)
+            _ = await SessionDriver.run(runner: runner, transport: transport, clock: clock)
+            return runner
+        }
+        let first = await session()
+        #expect(first.summary.backpressure && first.summary.diskFull, "\(first.summary)")
+        #expect(log.matching("disk full (SQLITE_FULL)").count == 1)
+        let stream = try store.openStream(peripheral: address, deviceEpoch: peripheral.epoch)
+        #expect(stream.cursor > 0 && stream.cursor < peripheral.head, "cursor \(stream.cursor)")
+        #expect((first.acksSent.max() ?? 0) <= stream.cursor, "acknowledged beyond what is committed")
+        #expect(peripheral.retainedCount >= Int(peripheral.head - stream.cursor), "the peripheral dropped uncommitted events")
+        #expect(try store.frames(of: stream.key).map(\.seq) == Array(1...stream.cursor))
+        #expect(try store.quickCheck().isEmpty)
+
+        // The daemon nudges its watch: the disk is full, nothing delivered to prune: the gate closes.
+        let signals = StorageSignals()
+        let watch = StorageWatch(
+            databasePath: path, budget: 1 << 30, signals: signals, log: log, clock: ManualClock(start: 0),
+            backoff: { Self.scheduler().backoff(afterFailures: $0) })
+        var gate = StorageGate()
+        signals.nudge(.diskFull)
+        #expect(!signals.sessionsAllowed)
+        #expect(try watch.tick(now: 0, gate: &gate, store: try GatewayStore(path: path)))
+        #expect(!signals.sessionsAllowed)
+        #expect(log.matching("the disk is full").count == 1)
+
+        // Space returns: the next check on the backoff schedule opens the gate; the next session catches up.
+        try FileManager.default.removeItem(atPath: filler)
+        #expect(try watch.tick(now: 2, gate: &gate, store: try GatewayStore(path: path)))
+        #expect(signals.sessionsAllowed)
+        #expect(log.matching("): sessions resume").count == 1)
+        let second = await session()
+        #expect(second.summary.disconnectReason == "caughtUp", "\(second.summary)")
+        #expect(try store.openStream(peripheral: address, deviceEpoch: peripheral.epoch).cursor == peripheral.head)
+        #expect(try store.frames(of: stream.key).count == Int(peripheral.head))
     }
 }
