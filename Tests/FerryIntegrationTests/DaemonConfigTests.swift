@@ -1,5 +1,6 @@
 import FerryGateway
 import FerryProtocol
+import FerryStore
 import Foundation
 import Testing
 
@@ -33,6 +34,22 @@ import Testing
         #expect(c.uplink.endpoint == nil)
         #expect(c.peripherals.isEmpty)
         #expect(c.requireBond == true)  // production default: encrypted links only
+    }
+
+    /// Issue 12: retention is configurable; the budget defaults to half the room at start, at most 1 GiB.
+    @Test func retentionHoursAndTheDefaultDiskBudget() throws {
+        #expect(try parse("{}").retentionHours == 72)
+        #expect(try parse("{}").diskBudgetBytes == nil)
+        #expect(try parse(#"{"retention_hours": 0.5}"#).retentionHours == 0.5)
+        #expect(try parse(#"{"retention_hours": 0}"#).retentionHours == 0)
+        #expect(error(#"{"retention_hours": -1}"#)?.key == "retention_hours")
+        #expect(error(#"{"retention_hours": "72h"}"#)?.key == "retention_hours")
+        let dir = try TemporaryDirectory("budget")
+        defer { dir.remove() }
+        let budget = GatewayStore.defaultDiskBudget(forStoreAt: dir.path("ferry.sqlite"))
+        let free = try #require(try GatewayStore(path: dir.path("probe.sqlite")).freeBytes())
+        #expect(budget >= 1 << 20 && budget <= 1 << 30)
+        #expect(budget <= max(1 << 20, free / 2 + 1 << 20))
     }
 
     @Test func requireBondParsesAndIsABoolean() throws {
