@@ -164,18 +164,32 @@ struct StorageWatch: Sendable {
     func measure(_ store: GatewayStore, sawDiskFull: Bool, wantHeadroom: Bool) throws -> (StorageGate.Pressure?, Int64) {
         let floor = GatewayStore.freeSpaceFloorBytes
         let headroom = budget / 10 * 9
+        let reserve = GatewayStore.reserveBytes(forBudget: budget)
         let used = try store.diskBytes()
         let lowOnSpace = sawDiskFull || (store.freeBytes().map { $0 < floor } ?? false)
-        guard lowOnSpace || used > (wantHeadroom ? headroom : budget) else { return (nil, used) }
-        let relief = try store.relieveStoragePressure(target: lowOnSpace ? 0 : headroom)
+        if lowOnSpace, store.releaseReserve() {
+            log.log(
+                .notice,
+                "storage: disk full: gave back the \(reserve)-byte reserve (\(store.reservePath)) so that SQLite can "
+                    + "checkpoint its WAL and delete delivered events")
+        }
+        // No room to put the reserve back counts as a full disk too: make room for it first.
+        let short = lowOnSpace || !store.ensureReserve(bytes: reserve)
+        guard short || used > (wantHeadroom ? headroom : budget) else { return (nil, used) }
+        let relief = try store.relieveStoragePressure(target: short ? 0 : headroom)
         if relief.eventsPruned > 0 {
             log.log(
                 .notice,
                 "storage: pruned \(relief.eventsPruned) delivered events (\(relief.framesPruned) frames), oldest "
                     + "first, to make room: store \(relief.bytesBefore) -> \(relief.bytesAfter) bytes")
         }
+        // Sessions resume only with the reserve back in place (and the floor free), so that the next full disk
+        // can be recovered from in the same way.
+        let reserved = store.ensureReserve(bytes: reserve)
         let free = store.freeBytes()
-        if relief.diskFull || (free.map { $0 < floor } ?? false) { return (.diskFull(free: free), relief.bytesAfter) }
+        if relief.diskFull || !reserved || (free.map { $0 < floor } ?? false) {
+            return (.diskFull(free: free), relief.bytesAfter)
+        }
         if relief.bytesAfter > headroom { return (.overBudget(used: relief.bytesAfter, budget: budget), relief.bytesAfter) }
         return (nil, relief.bytesAfter)
     }

@@ -66,33 +66,84 @@ extension GatewayStore {
     ///    transaction at a time (the WAL stays small), until the live pages fit `target`; `target` 0 (disk
     ///    full) deletes every COMPLETED event;
     /// 3. vacuum the freed pages incrementally and truncate the WAL again, so the file really shrinks.
-    /// SQLITE_FULL in any step is noted (`diskFull`) and the next step still runs.
+    /// On a nearly full disk every step is small enough to fit: a delete that fails with SQLITE_FULL is retried
+    /// with a quarter of the events, down to one, and the freed pages go back to the file system after every
+    /// chunk, so each step makes room for the next. `diskFull`: the last write still found no room.
     public func relieveStoragePressure(target: Int64, chunk: Int = 200) throws -> StorageRelief {
         var relief = StorageRelief(bytesBefore: try diskBytes(), bytesAfter: 0)
-        func attempt(_ body: () throws -> Void) throws {
+        /// Runs a step; false (and `diskFull`) on SQLITE_FULL, which is not an error here.
+        func attempt(_ body: () throws -> Void) throws -> Bool {
             do {
                 try body()
+                relief.diskFull = false
+                return true
             } catch StoreError.sqlite(let e) where e.isFull {
                 relief.diskFull = true
             } catch let e as SQLiteError where e.isFull {
                 relief.diskFull = true
             }
+            return false
         }
-        try attempt { try checkpointTruncatingWAL() }
+        _ = try attempt { try checkpointTruncatingWAL() }
+        var size = chunk
         while try liveBytes() > target {
             var pruned = (events: 0, frames: 0)
-            try attempt { pruned = try pruneCompleted(before: Int64.max, chunk: chunk, maxEvents: chunk) }
+            guard try attempt({ pruned = try pruneCompleted(before: Int64.max, chunk: size, maxEvents: size) }) else {
+                if size == 1 { break }
+                size = max(1, size / 4)
+                continue
+            }
             relief.eventsPruned += pruned.events
             relief.framesPruned += pruned.frames
             if pruned.events == 0 { break }
-            try attempt { try checkpointTruncatingWAL() }
-        }
-        if relief.eventsPruned > 0 {
-            try attempt { try incrementalVacuum(pages: 0) }  // 0: the whole freelist
-            try attempt { try checkpointTruncatingWAL() }
+            // Give the freed pages back now, a megabyte at a time (vacuuming moves pages through the WAL, which
+            // has to fit on the disk too), folding the WAL in after each step: room for the next chunk.
+            var freePages = Int64.max
+            while let left = try database.integer("PRAGMA freelist_count"), left > 0, left < freePages {
+                freePages = left
+                guard try attempt({ try incrementalVacuum(pages: 256) }) else { break }
+                _ = try attempt { try checkpointTruncatingWAL() }
+            }
         }
         relief.bytesAfter = try diskBytes()
         return relief
+    }
+
+    // MARK: reserve
+
+    /// A file next to the store (`ferry.sqlite-reserve`) that holds back some space. When the store itself fills
+    /// the disk, its WAL cannot be checkpointed (the main file has to grow first) and no delete can be written:
+    /// SQLite needs room to free room. Giving the reserve back makes that room; it is put back once there is
+    /// space again.
+    public var reservePath: String { database.path + "-reserve" }
+
+    /// The reserve's size for a budget: enough for a full WAL (~1000 pages) on real disks, an eighth of the
+    /// budget on tiny ones.
+    public static func reserveBytes(forBudget budget: Int64) -> Int64 { min(4 << 20, max(64 << 10, budget / 8)) }
+
+    /// Makes sure the reserve exists with `bytes` (written, not sparse, so the blocks are really held). False
+    /// when the file system has no room for it and the free-space floor.
+    @discardableResult
+    public func ensureReserve(bytes: Int64) -> Bool {
+        if let size = (try? FileManager.default.attributesOfItem(atPath: reservePath))?[.size] as? NSNumber,
+            size.int64Value >= bytes
+        {
+            return true
+        }
+        guard let free = freeBytes(), free >= bytes + GatewayStore.freeSpaceFloorBytes else { return false }
+        do {
+            try Data(count: Int(bytes)).write(to: URL(fileURLWithPath: reservePath))
+            return true
+        } catch {
+            try? FileManager.default.removeItem(atPath: reservePath)
+            return false
+        }
+    }
+
+    /// Gives the reserve back to the file system; true if there was one.
+    @discardableResult
+    public func releaseReserve() -> Bool {
+        (try? FileManager.default.removeItem(atPath: reservePath)) != nil
     }
 
     /// `wal_checkpoint(TRUNCATE)`: copies the WAL into the main file and truncates it to zero bytes. Returns

@@ -194,7 +194,7 @@ import Testing
     func sqliteFullInASessionLosesNothingAndRecoversWhenSpaceReturns() async throws {
         let mountPoint = FileManager.default.temporaryDirectory.path + "/ferry-full-" + UUID().uuidString
         try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
-        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, "size=8m") == 0, "mount tmpfs")
+        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, "size=16m") == 0, "mount tmpfs")
         defer {
             umount(mountPoint)
             try? FileManager.default.removeItem(atPath: mountPoint)
@@ -248,5 +248,90 @@ import Testing
         #expect(second.summary.disconnectReason == "caughtUp", "\(second.summary)")
         #expect(try store.openStream(peripheral: address, deviceEpoch: peripheral.epoch).cursor == peripheral.head)
         #expect(try store.frames(of: stream.key).count == Int(peripheral.head))
+    }
+
+    /// The store itself fills a small disk (a budget larger than the disk): the WAL then cannot be checkpointed
+    /// (the main file must grow first) and no delete can be written. The watch gives back its reserve, which
+    /// lets SQLite checkpoint; once the uplink has delivered, the delivered events are deleted, the reserve is
+    /// put back and sessions resume. Nothing undelivered is lost on the way.
+    @Test(.enabled(if: isRoot, "needs root to mount a small tmpfs"))
+    func aStoreThatFilledTheDiskItselfRecoversThroughTheReserve() throws {
+        let mountPoint = FileManager.default.temporaryDirectory.path + "/ferry-self-full-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, "size=10m") == 0, "mount tmpfs")
+        defer {
+            umount(mountPoint)
+            try? FileManager.default.removeItem(atPath: mountPoint)
+        }
+        let path = mountPoint + "/ferry.sqlite"
+        let store = try GatewayStore(path: path)
+        let uplink = try GatewayStore(path: path)
+        let log = Lines()
+        let signals = StorageSignals()
+        let watch = StorageWatch(
+            databasePath: path, budget: 1 << 30, signals: signals, log: log, clock: ManualClock(start: 0),
+            backoff: { Self.scheduler().backoff(afterFailures: $0) })
+        var gate = StorageGate()
+        let watchStore = try GatewayStore(path: path)
+        #expect(try watch.tick(now: 0, gate: &gate, store: watchStore))
+        #expect(FileManager.default.fileExists(atPath: store.reservePath), "the reserve is made at the first check")
+
+        let stream = try store.openStream(peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, deviceEpoch: 0)
+        var cursor: UInt64 = 0
+        func commitUntilFull() throws -> Bool {
+            for _ in 0..<10_000 {
+                let frames = ((cursor + 1)...(cursor + 20)).map { Frame.data(seq: $0, payload: [UInt8](repeating: 3, count: 400)) }
+                do {
+                    try store.commit(
+                        CommitBatch(expectedCursor: cursor, gap: nil, frames: frames, newCursor: cursor + 20, acknowledge: true),
+                        to: stream.key)
+                    cursor += 20
+                } catch StoreError.sqlite(let e) where e.isFull {
+                    return true
+                }
+            }
+            return false
+        }
+        try #require(try commitUntilFull())
+        // Stuck without the reserve: the WAL cannot be folded back into the main file.
+        #expect(throws: StoreError.self) { try uplink.checkpointTruncatingWAL() }
+
+        // Sessions hit SQLITE_FULL and the daemon nudges; each time the watch gives the reserve back, which lets
+        // SQLite checkpoint (the WAL's room returns), and puts it back while it fits. Sessions fill the disk
+        // again until the reserve no longer fits: then the gate stays closed. Nothing is lost on the way.
+        var t = 0.0
+        var rounds = 0
+        repeat {
+            rounds += 1
+            t += 1
+            signals.nudge(.diskFull)
+            #expect(try watch.tick(now: t, gate: &gate, store: watchStore))
+            #expect(try store.frames(of: stream.key).count == Int(cursor), "nothing lost")
+            #expect(try store.quickCheck().isEmpty)
+            if signals.sessionsAllowed { #expect(try commitUntilFull()) }
+        } while signals.sessionsAllowed && rounds < 20
+        #expect(!signals.sessionsAllowed, "the gate never stayed closed")
+        #expect(log.matching("gave back the").count >= 1)
+        #expect(log.matching("no new sessions").count == 1)
+
+        // The uplink delivers (its writes fit now); the watch's next checks delete what was delivered, put the
+        // reserve back and let sessions run again.
+        var limits = ClaimLimits()
+        limits.maxEvents = 100
+        while let batch = try uplink.claimBatch(limits: limits, now: Int64.max / 2) {
+            try uplink.completeBatch(batch.id, now: 1_800_000_000_000)
+        }
+        for _ in 0..<20 where !signals.sessionsAllowed {
+            t += 300
+            try watch.tick(now: t, gate: &gate, store: watchStore)
+        }
+        #expect(signals.sessionsAllowed, "\(log.lines.withLock { $0.map(\.1).filter { !$0.contains("gave back") } })")
+        #expect(FileManager.default.fileExists(atPath: store.reservePath), "the reserve is back")
+        #expect(log.matching("): sessions resume").count == 1)
+        let frames = ((cursor + 1)...(cursor + 20)).map { Frame.data(seq: $0, payload: [UInt8](repeating: 3, count: 400)) }
+        try store.commit(
+            CommitBatch(expectedCursor: cursor, gap: nil, frames: frames, newCursor: cursor + 20, acknowledge: true),
+            to: stream.key)
+        #expect(try store.quickCheck().isEmpty)
     }
 }
