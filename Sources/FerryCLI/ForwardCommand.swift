@@ -9,8 +9,11 @@ enum ForwardCommand {
 
         Drains the outbox of the store at PATH to the backend (POST, one request per claimed batch, with
         Idempotency-Key = batch id; see docs/UPLINK.md). 2xx → COMPLETED; 408/429/5xx/timeouts/connection
-        errors → retried with exponential backoff and full jitter, honouring Retry-After; 401/403 → the uplink
-        pauses and re-reads the token file (no retry is used up); other 4xx or retries exhausted → FAILED
+        errors → resent later under the same key. When two batches in a row fail that way the uplink is
+        offline: one probe batch at a time after an exponential pause (with jitter), full speed again on the
+        first success; an outage never uses up retries. Only a batch answered 5xx while other batches are
+        accepted uses its retries (--max-retries), then becomes FAILED. Retry-After holds the whole uplink.
+        401/403 → the uplink pauses and re-reads the token file (no retry is used up); other 4xx → FAILED
         (kept; 'ferry outbox retry' sends them again). Without --until-empty it runs until SIGINT/SIGTERM.
 
         Options:
@@ -23,7 +26,10 @@ enum ForwardCommand {
           --max-in-flight N     batches on the wire at once (default 4)
           --batch-events N      outbox events per batch at most (default 50)
           --timeout S           per-request timeout in whole seconds (default 30)
-          --max-retries N       retries of a batch before it is FAILED (default 12)
+          --max-retries N       retries of a batch answered 5xx while others are accepted, before it is
+                                FAILED (default 12)
+          --backoff-base-ms N   first backoff ceiling of a batch and of the offline pause (default 500)
+          --backoff-max-ms N    longest backoff ceiling and offline pause (default 300000)
           --gzip MODE           never | auto (when the backend advertises Accept-Encoding: gzip) | always;
                                 default auto; bodies under 1 KiB are never compressed
           --json                print the run's report as one JSON object
@@ -38,7 +44,8 @@ enum ForwardCommand {
             arguments, command: "forward",
             options: [
                 "--db", "--endpoint", "--token-file", "--gateway-id", "--max-in-flight",
-                "--batch-events", "--timeout", "--max-retries", "--gzip",
+                "--batch-events", "--timeout", "--max-retries", "--gzip", "--backoff-base-ms",
+                "--backoff-max-ms",
             ],
             flags: ["--until-empty", "--json", "--verbose"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
@@ -51,6 +58,8 @@ enum ForwardCommand {
         let batchEvents = try args.integer("--batch-events", Int.self, default: 50, range: 1...10_000)
         let timeout = try args.integer("--timeout", Int.self, default: 30, range: 1...3600)
         let maxRetries = try args.integer("--max-retries", Int.self, default: 12, range: 0...1000)
+        let backoffBase = try args.integer("--backoff-base-ms", Int.self, default: 500, range: 1...3_600_000)
+        let backoffMax = try args.integer("--backoff-max-ms", Int.self, default: 300_000, range: 1...86_400_000)
         let compression: UplinkCompression
         switch args.values["--gzip"] ?? "auto" {
         case "never": compression = .never
@@ -70,6 +79,8 @@ enum ForwardCommand {
         configuration.maxInFlight = maxInFlight
         configuration.limits.maxEvents = batchEvents
         configuration.policy.maxRetries = maxRetries
+        configuration.policy.baseDelaySeconds = Double(backoffBase) / 1000
+        configuration.policy.maxDelaySeconds = Double(max(backoffBase, backoffMax)) / 1000
         let poster: UplinkHTTPPoster
         do {
             poster = try UplinkHTTPPoster(
@@ -98,6 +109,7 @@ enum ForwardCommand {
                     ("batches", .int(report.batchesDelivered)), ("events", .int(report.eventsDelivered)),
                     ("frames", .int(report.framesDelivered)), ("attempts", .int(report.attempts)),
                     ("retries", .int(report.retries)), ("pauses", .int(report.pauses)),
+                    ("offline_periods", .int(report.offlinePeriods)),
                     ("failed", .int(report.eventsFailed)), ("bytes_sent", .int(report.bytesSent)),
                     ("failed_in_store", .int(report.failedInStore)), ("pending", .int(report.pendingInStore)),
                     ("seconds", .double((seconds * 1000).rounded() / 1000)),

@@ -186,6 +186,43 @@ extension GatewayStore {
         }
     }
 
+    /// Charges one retry to a batch after the fact: it failed with 5xx and another batch got through since
+    /// (a poison batch, issue 11). Failures of the uplink as a whole are never charged. More than `maxRetries`
+    /// charges make the batch's PENDING events FAILED with `error`; an IN_FLIGHT batch keeps its attempt.
+    /// Returns how many events became FAILED.
+    @discardableResult
+    public func chargeRetry(_ batchID: String, maxRetries: Int, error: String) throws -> Int {
+        try store {
+            try database.writeTransaction {
+                // SQLite evaluates every SET expression against the row as it was before the UPDATE.
+                try database.cached(
+                    """
+                    UPDATE outbox_events
+                    SET retry_count = retry_count + 1,
+                        status = CASE WHEN status = 'PENDING' AND retry_count + 1 > ?2 THEN 'FAILED' ELSE status END,
+                        last_error = CASE WHEN status = 'PENDING' AND retry_count + 1 > ?2 THEN ?3 ELSE last_error END
+                    WHERE batch_id = ?1 AND status IN ('PENDING', 'IN_FLIGHT')
+                    """
+                ).run([.text(batchID), .integer(Int64(maxRetries)), .text(error)])
+                return Int(
+                    try database.integer(
+                        "SELECT count(*) FROM outbox_events WHERE batch_id = ? AND status = 'FAILED'", [.text(batchID)])
+                        ?? 0)
+            }
+        }
+    }
+
+    /// The uplink is back: PENDING events parked in a backoff become due now (full speed on first success).
+    @discardableResult
+    public func makePendingDue(now: Int64) throws -> Int {
+        try store {
+            try database.cached(
+                "UPDATE outbox_events SET next_retry_at = ? WHERE status = 'PENDING' AND next_retry_at > ?"
+            ).run([.integer(now), .integer(now)])
+            return database.changes
+        }
+    }
+
     /// A permanent failure (4xx other than 401/403/408/429): dead letter, kept for audit and manual retry.
     public func failBatch(_ batchID: String, error: String) throws {
         try store {

@@ -38,6 +38,8 @@ public struct ForwardReport: Sendable, Equatable {
     public var attempts = 0
     public var retries = 0
     public var pauses = 0
+    /// Times the uplink as a whole went offline (two batches in a row failed temporarily).
+    public var offlinePeriods = 0
     public var eventsFailed = 0
     public var bytesSent = 0
     /// Events still FAILED in the store when the run ended (this run's or older ones).
@@ -62,6 +64,7 @@ public actor OutboxForwarder {
     private var pausedUntil: Int64 = 0
     private var random = SystemRandomNumberGenerator()
     private var lastHousekeeping: Int64 = 0
+    private var health: UplinkHealth
     public private(set) var report = ForwardReport()
 
     /// `tokenSource` is called before the first request and again after every 401/403 pause (the operator
@@ -77,7 +80,11 @@ public actor OutboxForwarder {
         self.tokenSource = tokenSource
         self.log = log
         self.wallClock = wallClock
+        health = UplinkHealth(policy: configuration.policy)
     }
+
+    /// The uplink-wide state (online, suspect, offline), for tests and status.
+    public var healthState: UplinkHealth.State { health.state }
 
     /// Runs until cancelled, or with `untilEmpty` until no PENDING or IN_FLIGHT event remains (sleeping through
     /// backoff). Returns what it did; `failedInStore > 0` means some events are dead-lettered.
@@ -86,27 +93,31 @@ public actor OutboxForwarder {
         if released > 0 {
             log.log(.notice, "uplink: \(released) IN_FLIGHT events from an earlier run returned to PENDING (same batches)")
         }
-        try await withThrowingTaskGroup(of: (ClaimedBatch, UplinkAttempt, Int).self) { group in
+        try await withThrowingTaskGroup(of: (ClaimedBatch, UplinkAttempt, Int64).self) { group in
             var inFlight = 0
             while !Task.isCancelled {
                 let now = wallClock.nowMillis()
                 if now >= pausedUntil, tokenLoaded || reloadToken(now: now) {
-                    while inFlight < configuration.maxInFlight, !Task.isCancelled,
+                    // Online: up to max-in-flight; suspect or offline: one probe batch at a time.
+                    while health.claimsAllowed(
+                        now: wallClock.nowMillis(), inFlight: inFlight, maxInFlight: configuration.maxInFlight) > 0,
+                        !Task.isCancelled,
                         let batch = try store.claimBatch(limits: configuration.limits, now: wallClock.nowMillis())
                     {
                         let body = try encode(batch)
                         let token = self.token
                         let poster = self.poster
+                        let sentAt = wallClock.nowMillis()
                         group.addTask {
-                            (batch, await poster.post(body: body, idempotencyKey: batch.id, token: token), body.count)
+                            (batch, await poster.post(body: body, idempotencyKey: batch.id, token: token), sentAt)
                         }
                         inFlight += 1
                     }
                 }
                 if inFlight > 0 {
-                    guard let (batch, attempt, _) = try await group.next() else { break }
+                    guard let (batch, attempt, sentAt) = try await group.next() else { break }
                     inFlight -= 1
-                    try settle(batch, attempt)
+                    try settle(batch, attempt, sentAt: sentAt)
                     continue
                 }
                 if untilEmpty, try store.undeliveredCount() == 0 { break }
@@ -147,6 +158,8 @@ public actor OutboxForwarder {
         var wait = configuration.idlePollSeconds
         if pausedUntil > now {
             wait = Double(pausedUntil - now) / 1000
+        } else if health.resumeAt > now {
+            wait = Double(health.resumeAt - now) / 1000
         } else if let due = try store.nextDueAt(), due > now {
             wait = min(wait, Double(due - now) / 1000)
         }
@@ -188,10 +201,13 @@ public actor OutboxForwarder {
         return object.compactMapValues { $0 as? String }
     }
 
-    private func settle(_ batch: ClaimedBatch, _ attempt: UplinkAttempt) throws {
+    private func settle(_ batch: ClaimedBatch, _ attempt: UplinkAttempt, sentAt: Int64) throws {
         report.attempts += 1
         report.bytesSent += attempt.sentBodyBytes
         let retryCount = batch.events.map(\.retryCount).max() ?? 0
+        if case .retry(let reason, let retryAfter) = attempt.outcome {
+            return try settleTemporaryFailure(batch, reason: reason, retryAfter: retryAfter, sentAt: sentAt)
+        }
         let disposition = configuration.policy.disposition(
             after: attempt.outcome, retryCount: retryCount, consecutivePauses: consecutivePauses, random: &random)
         let now = wallClock.nowMillis()
@@ -200,17 +216,13 @@ public actor OutboxForwarder {
         case .complete:
             consecutivePauses = 0
             try store.completeBatch(batch.id, now: now)
+            try apply(health.succeeded(batch: batch.id, now: now), now: now)
             report.batchesDelivered += 1
             report.eventsDelivered += batch.events.count
             report.framesDelivered += frames
             log.log(.debug, "uplink: batch \(batch.id) delivered (\(batch.events.count) events, \(frames) frames)")
-        case .retry(let after, _):
-            consecutivePauses = 0
-            report.retries += 1
-            try store.retryBatch(
-                batch.id, error: "\(attempt.outcome)", nextRetryAt: now + Int64(after * 1000), countsAsRetry: true,
-                maxRetries: Int(Int32.max))
-            log.log(.info, "uplink: batch \(batch.id) \(attempt.outcome); retry in \(String(format: "%.1f", after)) s")
+        case .retry:
+            break  // a .retry outcome never gets here: settleTemporaryFailure took it
         case .pause(_, let reason) where pausedUntil > now:
             // A batch sent before the pause began got the same answer as the one that started it: that is the
             // same pause. Escalating again per batch would make the pause length depend on --max-in-flight
@@ -234,6 +246,64 @@ public actor OutboxForwarder {
             try store.failBatch(batch.id, error: reason)
             report.eventsFailed += batch.events.count
             log.log(.error, "uplink: batch \(batch.id) FAILED (\(batch.events.count) events kept for audit): \(reason)")
+        }
+    }
+
+    /// 408/429/5xx, timeouts and transport errors: never a charged retry while the uplink as a whole fails
+    /// (UplinkHealth); the batch goes back to PENDING uncharged, and a 5xx is charged later only if another
+    /// batch gets through meanwhile.
+    private func settleTemporaryFailure(
+        _ batch: ClaimedBatch, reason: UplinkRetryReason, retryAfter: Double?, sentAt: Int64
+    ) throws {
+        report.retries += 1
+        consecutivePauses = 0  // an answer other than 401/403: the credentials were not the problem
+        let now = wallClock.nowMillis()
+        let kind: UplinkHealth.Failure
+        switch reason {
+        case .status(let code) where code == 408 || code == 429: kind = .uplink
+        case .status: kind = .chargeable
+        case .timeout, .connection: kind = .uplink
+        }
+        let retryCount = batch.events.map(\.retryCount).max() ?? 0
+        let action = health.failed(
+            batch: batch.id, kind: kind, retryNumber: retryCount + 1, retryAfter: retryAfter, sentAt: sentAt,
+            now: now, random: &random)
+        let due = action.retryAt ?? now
+        try store.retryBatch(batch.id, error: "\(reason)", nextRetryAt: due, countsAsRetry: false, maxRetries: Int(Int32.max))
+        log.log(
+            .info,
+            "uplink: batch \(batch.id) \(reason)\(retryAfter.map { ", Retry-After \($0) s" } ?? ""); "
+                + "again in \(String(format: "%.1f", Double(due - now) / 1000)) s")
+        try apply(action, now: now, reason: reason)
+    }
+
+    private func apply(_ action: UplinkHealth.Action, now: Int64, reason: UplinkRetryReason? = nil) throws {
+        for suspect in action.charge {
+            let error = "retries exhausted: HTTP 5xx for this batch while other batches were accepted"
+            let failed = try store.chargeRetry(suspect, maxRetries: configuration.policy.maxRetries, error: error)
+            if failed > 0 {
+                report.eventsFailed += failed
+                log.log(.error, "uplink: batch \(suspect) FAILED (\(failed) events kept for audit): \(error)")
+            }
+        }
+        switch action.transition {
+        case nil:
+            break
+        case .wentOffline(let since, let nextProbeAt):
+            report.offlinePeriods += 1
+            let backlog = try store.undeliveredCount()
+            log.log(
+                .warning,
+                "uplink: offline (\(reason.map { "\($0)" } ?? "no answer")) for \(String(format: "%.1f", Double(now - since) / 1000)) s; "
+                    + "\(backlog) events wait; probing with one batch at a time, next in "
+                    + "\(String(format: "%.1f", Double(max(0, nextProbeAt - now)) / 1000)) s")
+        case .backOnline(let offlineMillis):
+            try store.makePendingDue(now: now)
+            let backlog = try store.undeliveredCount()
+            log.log(
+                .warning,
+                "uplink: back online after \(String(format: "%.1f", Double(offlineMillis) / 1000)) s offline; "
+                    + "backlog \(backlog) events")
         }
     }
 

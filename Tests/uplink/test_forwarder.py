@@ -70,8 +70,9 @@ def ferry(*args, timeout=120, expect=None):
 class Backend:
     """The reference backend as a child process on 127.0.0.1 with a free port."""
 
-    def __init__(self, work, *flags, db=None):
+    def __init__(self, work, *flags, db=None, port=0):
         self.work = work
+        self.fixed_port = port
         self.db = db or os.path.join(work, "backend.sqlite")
         self.flags = list(flags)
         self.process = None
@@ -83,7 +84,7 @@ class Backend:
             os.unlink(port_file)
         self.log = open(os.path.join(self.work, "backend.log"), "ab")
         self.process = subprocess.Popen(
-            [sys.executable, BACKEND, "serve", "--db", self.db, "--port", "0", "--port-file", port_file,
+            [sys.executable, BACKEND, "serve", "--db", self.db, "--port", str(self.fixed_port), "--port-file", port_file,
              "--quiet", "--control", *self.flags, *extra],
             stdout=self.log, stderr=self.log)
         deadline = time.time() + 20
@@ -633,35 +634,127 @@ def test_bad_input(work, rng):
 
 
 def test_unreachable_backend_keeps_events(work, rng):
-    """Connection refused: the forwarder retries (nothing FAILED while retries remain) and a later run
-    against a live backend delivers everything. --max-retries 1 exhausts quickly → FAILED, exit 3."""
+    """Connection refused, even with --max-retries 0: nothing FAILED and no retry charged (an outage is not a
+    batch's fault), one offline line; a later run against a live backend delivers everything."""
     db = make_store(work, 300, rng)
     backend = Backend(work).start()
     port = backend.port
     backend.stop()  # the port is now (very probably) closed
     process = subprocess.Popen([FERRY, "forward", "--db", db, "--endpoint", "http://127.0.0.1:%d/ingest" % port,
-                                "--timeout", REQUEST_TIMEOUT], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                                "--timeout", REQUEST_TIMEOUT, "--max-retries", "0", "--backoff-base-ms", "20",
+                                "--backoff-max-ms", "200"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
     time.sleep(2.0)
     process.send_signal(signal.SIGTERM)
     try:
-        rc = process.wait(timeout=15)
+        _, err = process.communicate(timeout=15)
     except subprocess.TimeoutExpired:
         process.kill()
         raise Failure("ferry forward ignored SIGTERM for 15 s")
-    check(rc == 0, "forward after SIGTERM exited %d" % rc)
+    check(process.returncode == 0, "forward after SIGTERM exited %d" % process.returncode)
     counts = outbox_counts(db)
     check("FAILED" not in counts and "COMPLETED" not in counts, "while unreachable: %s" % counts)
-    retried = query(db, "SELECT count(*) FROM outbox_events WHERE retry_count > 0")[0][0]
-    check(retried > 0, "no retry recorded while the backend was down")
-    ferry("forward", "--db", db, "--endpoint", "http://127.0.0.1:%d/ingest" % port, "--until-empty",
-          "--max-retries", "1", "--timeout", REQUEST_TIMEOUT, timeout=60, expect=3)
-    ferry("outbox", "retry", "--all-failed", "--db", db, expect=0)
+    charged = query(db, "SELECT count(*) FROM outbox_events WHERE retry_count > 0")[0][0]
+    check(charged == 0, "%d events were charged a retry for an outage" % charged)
+    check(err.count("uplink: offline") == 1, "expected one offline line, stderr:\n%s" % err[-1500:])
     backend.start()
     try:
         ferry("forward", "--db", db, "--endpoint", backend.url, "--until-empty", "--timeout", REQUEST_TIMEOUT,
               timeout=60, expect=0)
         assert_delivered_exactly_once(db, backend)
+    finally:
+        backend.stop()
+
+
+# Budget and backoff shortened by flags: 2 retries with a 50 ms base and a 400 ms cap are spent in well under
+# a second, the outages below last ~4 s.
+SHORT_BUDGET = ["--max-retries", "2", "--backoff-base-ms", "50", "--backoff-max-ms", "400"]
+
+
+def run_through_outage(work, db, backend, start_outage, end_outage, seconds=4.0):
+    """`ferry forward --until-empty` through an outage of `seconds`: returns (report, stderr)."""
+    start_outage()
+    process = subprocess.Popen([FERRY, "forward", "--db", db, "--endpoint", backend.url, "--until-empty", "--json",
+                                "--batch-events", "10", "--timeout", REQUEST_TIMEOUT, *SHORT_BUDGET],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(seconds)
+        counts = outbox_counts(db)
+        check("FAILED" not in counts, "FAILED during the outage: %s" % counts)
+        check(process.poll() is None, "forward ended during the outage")
+        end_outage()
+        out, err = process.communicate(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    check(process.returncode == 0, "forward exited %d: %s" % (process.returncode, err.strip()[-800:]))
+    report = json.loads(out)
+    check(err.count("uplink: offline") == 1 and err.count("uplink: back online") == 1,
+          "expected one offline and one back-online line, stderr:\n%s" % err[-2000:])
+    check(report["failed_in_store"] == 0 and report["offline_periods"] == 1, "report: %s" % report)
+    charged = query(db, "SELECT count(*) FROM outbox_events WHERE retry_count > 0")[0][0]
+    check(charged == 0, "%d events were charged a retry for an outage" % charged)
+    return report, err
+
+
+def test_backend_down_longer_than_retry_budget(work, rng):
+    """The backend's port closed for ~4 s, much longer than the whole (shortened) retry budget, then back on
+    the same port: every frame exactly once, 0 FAILED, one offline and one back-online log line."""
+    db = make_store(work, 600, rng)
+    backend = Backend(work).start()
+    backend.fixed_port = backend.port
+    try:
+        report, err = run_through_outage(work, db, backend, backend.stop, backend.start)
+        log("report %s\n%s" % (report, err))
+        assert_delivered_exactly_once(db, backend)
+    finally:
+        backend.stop()
+
+
+def test_503_window_longer_than_retry_budget(work, rng):
+    """Every request answered 503 (Retry-After: 1) for ~4 s: same result as an unreachable backend, and the
+    uplink probes with one batch at a time instead of burning the backlog."""
+    db = make_store(work, 600, rng)
+    backend = Backend(work).start()
+    try:
+        report, err = run_through_outage(
+            work, db, backend, lambda: backend.control(reject_status=503, reject_rate=1.0, retry_after=1),
+            lambda: backend.control(reject_rate=0.0))
+        stats = assert_delivered_exactly_once(db, backend)
+        log("report %s rejections %d" % (report, stats["rejections_injected"]))
+        # 4 batches in flight when it began, then at most one probe per Retry-After second.
+        check(stats["rejections_injected"] <= 12, "%d requests during a 4 s 503 window: not one probe at a time"
+              % stats["rejections_injected"])
+    finally:
+        backend.stop()
+
+
+def test_poison_batch_alone_fails(work, rng):
+    """One batch always answered 500 while every other batch is accepted: that batch (and only it) uses its
+    retries and becomes FAILED; everything else arrives; exit 3."""
+    db = make_store(work, 1000, rng)
+    # The oldest event: every other batch comes after it, so others keep being accepted while it is retried.
+    # (A 5xx batch left alone cannot be told from a backend that answers 5xx to everything: it waits, offline.)
+    outbox_id = query(db, "SELECT id FROM outbox_events ORDER BY created_at, rowid LIMIT 1")[0][0]
+    backend = Backend(work, "--poison-event", str(outbox_id)).start()
+    try:
+        rc, out, err = ferry("forward", "--db", db, "--endpoint", backend.url, "--until-empty", "--json",
+                             "--batch-events", "1", "--max-in-flight", "2", "--timeout", REQUEST_TIMEOUT,
+                             *SHORT_BUDGET, timeout=120)
+        check(rc == 3, "forward exited %d (expected 3): %s" % (rc, err.strip()[-800:]))
+        batch = query(db, "SELECT batch_id FROM outbox_events WHERE id = ?", (outbox_id,))[0][0]
+        failed = {e for (e,) in query(db, "SELECT id FROM outbox_events WHERE status = 'FAILED'")}
+        in_batch = {e for (e,) in query(db, "SELECT id FROM outbox_events WHERE batch_id = ?", (batch,))}
+        check(failed == in_batch, "FAILED %s, poison batch %s" % (sorted(failed)[:5], sorted(in_batch)))
+        others = outbox_counts(db)
+        check(set(others) == {"COMPLETED", "FAILED"}, "outbox: %s" % others)
+        stats = backend.stats()
+        check(stats["poison_rejections"] == 3, "poison batch sent %d times, expected 1 + 2 retries"
+              % stats["poison_rejections"])
+        check("uplink: offline" not in err, "a poison batch took the uplink offline:\n%s" % err[-1500:])
+        retry_counts = {r for (r,) in query(db, "SELECT retry_count FROM outbox_events WHERE batch_id = ?", (batch,))}
+        check(retry_counts == {3}, "poison batch retry_count %s" % retry_counts)
     finally:
         backend.stop()
 
@@ -678,6 +771,9 @@ TESTS = [
     test_422_for_one_id,
     test_401_pauses_then_token_rewrite_delivers,
     test_unreachable_backend_keeps_events,
+    test_backend_down_longer_than_retry_budget,
+    test_503_window_longer_than_retry_budget,
+    test_poison_batch_alone_fails,
     test_forward_while_ingesting,
     test_sigkill_at_random_moments,
 ]
