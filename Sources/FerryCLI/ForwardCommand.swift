@@ -30,6 +30,7 @@ enum ForwardCommand {
                                 FAILED (default 12)
           --backoff-base-ms N   first backoff ceiling of a batch and of the offline pause (default 500)
           --backoff-max-ms N    longest backoff ceiling and offline pause (default 300000)
+          --max-retry-after-ms N  a longer Retry-After from the backend is cut to this (default 3600000)
           --gzip MODE           never | auto (when the backend advertises Accept-Encoding: gzip) | always;
                                 default auto; bodies under 1 KiB are never compressed
           --json                print the run's report as one JSON object
@@ -45,7 +46,7 @@ enum ForwardCommand {
             options: [
                 "--db", "--endpoint", "--token-file", "--gateway-id", "--max-in-flight",
                 "--batch-events", "--timeout", "--max-retries", "--gzip", "--backoff-base-ms",
-                "--backoff-max-ms",
+                "--backoff-max-ms", "--max-retry-after-ms",
             ],
             flags: ["--until-empty", "--json", "--verbose"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
@@ -60,6 +61,7 @@ enum ForwardCommand {
         let maxRetries = try args.integer("--max-retries", Int.self, default: 12, range: 0...1000)
         let backoffBase = try args.integer("--backoff-base-ms", Int.self, default: 500, range: 1...3_600_000)
         let backoffMax = try args.integer("--backoff-max-ms", Int.self, default: 300_000, range: 1...86_400_000)
+        let maxRetryAfter = try args.integer("--max-retry-after-ms", Int.self, default: 3_600_000, range: 0...86_400_000)
         let compression: UplinkCompression
         switch args.values["--gzip"] ?? "auto" {
         case "never": compression = .never
@@ -81,6 +83,7 @@ enum ForwardCommand {
         configuration.policy.maxRetries = maxRetries
         configuration.policy.baseDelaySeconds = Double(backoffBase) / 1000
         configuration.policy.maxDelaySeconds = Double(max(backoffBase, backoffMax)) / 1000
+        configuration.policy.maxRetryAfterSeconds = Double(maxRetryAfter) / 1000
         let poster: UplinkHTTPPoster
         do {
             poster = try UplinkHTTPPoster(

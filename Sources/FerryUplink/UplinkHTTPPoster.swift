@@ -38,6 +38,9 @@ public struct UplinkHTTPConfiguration: Sendable {
     /// Plain `http://` is accepted for loopback hosts only unless this is set: the token and the
     /// frames would otherwise cross the network readable by anyone on the path.
     public var allowPlainHTTP: Bool
+    /// Response body bytes kept; the rest is dropped unread (the connection is closed): a broken or hostile
+    /// backend must not exhaust a Pi's memory. Only the first 512 bytes are ever used.
+    public var maximumResponseBytes = 4096
 
     public init(
         endpoint: URL, requestTimeoutSeconds: Int = 30, userAgent: String = "ferry/" + FerryUplinkVersion.string,
@@ -83,6 +86,7 @@ public struct UplinkAttempt: Sendable, Hashable {
 public final class UplinkHTTPPoster: Sendable {
     public let configuration: UplinkHTTPConfiguration
     private let session: URLSession
+    private let collector: ResponseCollector
     private let gzipAdvertised = Mutex(false)
     private let wallClock: @Sendable () -> Double
 
@@ -97,8 +101,7 @@ public final class UplinkHTTPPoster: Sendable {
         guard let host = configuration.endpoint.host, !host.isEmpty else {
             throw .invalidEndpoint("no host")
         }
-        let loopback = ["127.0.0.1", "::1", "[::1]", "localhost"].contains(host.lowercased()) || host.hasPrefix("127.")
-        guard scheme == "https" || loopback || configuration.allowPlainHTTP else {
+        guard scheme == "https" || UplinkEndpoint.isLoopback(host: host) || configuration.allowPlainHTTP else {
             throw .invalidEndpoint("plain http to \(host) would send the token and frames unencrypted; use https")
         }
         guard configuration.endpoint.user == nil, configuration.endpoint.password == nil else {
@@ -119,7 +122,8 @@ public final class UplinkHTTPPoster: Sendable {
         sessionConfiguration.urlCache = nil
         sessionConfiguration.httpCookieStorage = nil
         sessionConfiguration.httpShouldSetCookies = false
-        session = URLSession(configuration: sessionConfiguration, delegate: RedirectRefusal(), delegateQueue: nil)
+        collector = ResponseCollector(cap: configuration.maximumResponseBytes)
+        session = URLSession(configuration: sessionConfiguration, delegate: collector, delegateQueue: nil)
     }
 
     deinit {
@@ -171,12 +175,12 @@ public final class UplinkHTTPPoster: Sendable {
         if compress { request.setValue("gzip", forHTTPHeaderField: "Content-Encoding") }
         if let token { request.setValue(token.authorizationHeaderValue, forHTTPHeaderField: "Authorization") }
 
-        let (data, response, error) = await withCheckedContinuation {
-            (continuation: CheckedContinuation<(Data?, URLResponse?, Error?), Never>) in
-            session.dataTask(with: request) { data, response, error in
-                continuation.resume(returning: (data, response, error))
-            }.resume()
+        let collected = await withCheckedContinuation { (continuation: CheckedContinuation<Collected, Never>) in
+            let task = session.dataTask(with: request)
+            collector.register(task, continuation)
+            task.resume()
         }
+        let (data, response, error) = (collected.body, collected.response, collected.error)
         var attempt = UplinkAttempt(
             outcome: .retry(.connection("no response"), retryAfterSeconds: nil), status: nil,
             sentBodyBytes: wireBody.count, compressed: compress, elapsedSeconds: 0, responseSnippet: "")
@@ -187,7 +191,7 @@ public final class UplinkHTTPPoster: Sendable {
                 }
                 gzipAdvertised.withLock { $0 = advertised }
             }
-            let snippet = String(decoding: (data ?? Data()).prefix(512), as: UTF8.self)
+            let snippet = String(decoding: data.prefix(512), as: UTF8.self)
             attempt.status = http.statusCode
             attempt.responseSnippet = snippet
             attempt.outcome = UplinkResponseClassifier.classify(
@@ -245,12 +249,79 @@ enum UplinkTransportErrors {
     }
 }
 
-/// Refuses redirects: a 3xx comes back to the poster as a response and pauses the uplink.
-private final class RedirectRefusal: NSObject, URLSessionTaskDelegate, Sendable {
+/// A response as the poster uses it: status and headers, at most `cap` body bytes.
+struct Collected: Sendable {
+    var response: URLResponse?
+    var body: [UInt8]
+    var error: (any Error)?
+}
+
+/// The session's delegate: collects each task's body up to a cap (then cancels the task, keeping the status
+/// and headers already received), and refuses redirects (a 3xx comes back as a response and pauses the uplink).
+private final class ResponseCollector: NSObject, URLSessionDataDelegate, Sendable {
+    private struct Pending {
+        var continuation: CheckedContinuation<Collected, Never>
+        var body: [UInt8] = []
+        var truncated = false
+    }
+
+    private let cap: Int
+    private let pending = Mutex<[Int: Pending]>([:])
+
+    init(cap: Int) {
+        self.cap = max(0, cap)
+    }
+
+    /// Before `task.resume()`, so no callback can miss it.
+    func register(_ task: URLSessionTask, _ continuation: CheckedContinuation<Collected, Never>) {
+        pending.withLock { $0[task.taskIdentifier] = Pending(continuation: continuation) }
+    }
+
+    func urlSession(_ session: URLSession, dataTask: URLSessionDataTask, didReceive data: Data) {
+        let overflow = pending.withLock { tasks -> Bool in
+            guard var entry = tasks[dataTask.taskIdentifier], !entry.truncated else { return false }
+            let room = cap - entry.body.count
+            if data.count > room {
+                entry.body.append(contentsOf: data.prefix(room))
+                entry.truncated = true
+            } else {
+                entry.body.append(contentsOf: data)
+            }
+            tasks[dataTask.taskIdentifier] = entry
+            return entry.truncated
+        }
+        if overflow { dataTask.cancel() }
+    }
+
+    func urlSession(_ session: URLSession, task: URLSessionTask, didCompleteWithError error: (any Error)?) {
+        guard let entry = pending.withLock({ $0.removeValue(forKey: task.taskIdentifier) }) else { return }
+        // A task cancelled because its body passed the cap still has its status and headers.
+        entry.continuation.resume(
+            returning: Collected(response: task.response, body: entry.body, error: entry.truncated ? nil : error))
+    }
+
     func urlSession(
         _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
         newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
     ) {
         completionHandler(nil)
+    }
+}
+
+/// Where plain http may go.
+public enum UplinkEndpoint {
+    /// `localhost`, an IPv4 literal in 127.0.0.0/8 (four decimal parts) or the IPv6 literal ::1. Host NAMES
+    /// other than localhost are not loopback whatever they start with (`127.evil.example` is a remote host).
+    public static func isLoopback(host: String) -> Bool {
+        var name = host.lowercased()
+        if name.hasPrefix("["), name.hasSuffix("]") { name = String(name.dropFirst().dropLast()) }
+        if name == "localhost" { return true }
+        var v4 = in_addr()
+        if inet_pton(AF_INET, name, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
+        var v6 = in6_addr()
+        if inet_pton(AF_INET6, name, &v6) == 1 {
+            return withUnsafeBytes(of: &v6) { $0.elementsEqual([UInt8](repeating: 0, count: 15) + [1]) }
+        }
+        return false
     }
 }

@@ -13,7 +13,9 @@ unset, printed so a failure can be replayed), FERRY_TEST_KEEP=1 keeps the temp d
 Ends with the line "N passed, N failed"; exits 1 if anything failed.
 """
 
+import http.server
 import json
+import threading
 import os
 import random
 import signal
@@ -122,6 +124,90 @@ class Backend:
         if self.process:
             self.log.close()
         self.process = None
+
+
+class ScriptedProxy:
+    """A real HTTP server on loopback in front of the reference backend: the first requests get scripted
+    answers (status, headers, a body of N bytes streamed), the rest are relayed to the backend. Records when
+    each request arrived."""
+
+    def __init__(self, backend, script):
+        self.backend, self.script, self.arrivals = backend, list(script), []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                proxy.arrivals.append(time.time())
+                step = proxy.script.pop(0) if proxy.script else None
+                status, headers, size = step if step else (None, [], 0)
+                if status is None or step[0] == 200:
+                    relayed = urllib.request.Request(proxy.backend.url, data=body, method="POST", headers={
+                        k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")})
+                    try:
+                        with urllib.request.urlopen(relayed, timeout=30) as answer:
+                            code, payload = answer.status, answer.read()
+                    except urllib.error.HTTPError as error:
+                        code, payload = error.code, error.read()
+                    if status is None:
+                        size = len(payload)
+                    status = code
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(size))
+                self.end_headers()
+                chunk = b"x" * (1 << 20)
+                try:
+                    if step is None:
+                        self.wfile.write(payload)
+                    sent = 0 if step is None else 0
+                    while step is not None and sent < size:
+                        piece = chunk[:min(len(chunk), size - sent)]
+                        self.wfile.write(piece)
+                        sent += len(piece)
+                except OSError:
+                    self.close_connection = True  # the gateway stopped reading: what it should do
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self):
+        return "http://127.0.0.1:%d/ingest" % self.server.server_address[1]
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def run_measured(args, timeout):
+    """Runs ferry; returns (rc, stdout, stderr, max RSS in MiB) from wait4 on that one child."""
+    process = subprocess.Popen([FERRY, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out_chunks, err_chunks = [], []
+    readers = [threading.Thread(target=lambda s=s, c=c: c.append(s.read()), daemon=True)
+               for s, c in ((process.stdout, out_chunks), (process.stderr, err_chunks))]
+    for reader in readers:
+        reader.start()
+    deadline = time.time() + timeout
+    while True:
+        pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.time() > deadline:
+            process.kill()
+            raise Failure("ferry %s did not finish within %d s" % (args[0], timeout))
+        time.sleep(0.05)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    for reader in readers:
+        reader.join(10)
+    return process.returncode, "".join(out_chunks), "".join(err_chunks), usage.ru_maxrss / 1024.0
 
 
 # ---------------------------------------------------------------- stores
@@ -759,6 +845,58 @@ def test_poison_batch_alone_fails(work, rng):
         backend.stop()
 
 
+def test_hostile_retry_after_values(work, rng):
+    """503s carrying Retry-After values that once crashed the gateway (asctime with a 12-digit year) or are
+    nonsense (negative, garbage, 400 digits, dates far in the past/future): no crash, everything delivered,
+    and a far-future date holds the uplink for exactly the (flag-shortened) cap, not longer."""
+    db = make_store(work, 300, rng)
+    backend = Backend(work).start()
+    values = ["Sun Nov  6 08:49:37 999999999999", "-5", "garbage", "9" * 400, "Sun, 06 Nov 1994 08:49:37 GMT",
+              "Sunday, 06-Nov-94 08:49:37 GMT", "Thu, 01 Jan 0001 00:00:00 GMT"]
+    script = [(503, [("Retry-After", v)], 0) for v in values] + [(503, [("Retry-After", "Fri, 31 Dec 9999 23:59:59 GMT")], 0)]
+    proxy = ScriptedProxy(backend, script)
+    try:
+        started = time.time()
+        rc, out, err = ferry("forward", "--db", db, "--endpoint", proxy.url, "--until-empty", "--json",
+                             "--max-in-flight", "1", "--timeout", REQUEST_TIMEOUT, "--max-retry-after-ms", "1500",
+                             *SHORT_BUDGET, timeout=60)
+        check(rc == 0, "forward exited %d: %s" % (rc, err.strip()[-800:]))
+        assert_delivered_exactly_once(db, backend)
+        arrivals = proxy.arrivals
+        check(len(arrivals) > len(script), "only %d requests" % len(arrivals))
+        held = arrivals[len(script)] - arrivals[len(script) - 1]
+        log("far-future Retry-After held the uplink %.2f s; run %.1f s" % (held, time.time() - started))
+        check(1.4 <= held <= 6, "a far-future Retry-After capped at 1.5 s held the uplink %.2f s" % held)
+    finally:
+        proxy.stop()
+        backend.stop()
+
+
+def test_huge_response_bodies_stay_bounded(work, rng):
+    """A 503 and then a 200 each with a 100 MB body: the gateway reads a few KiB and drops the rest (max RSS
+    measured against a run with normal answers), the 200 still counts, nothing is lost."""
+    size = 100 * 1024 * 1024
+    rss = {}
+    for name, script in (("plain", []), ("huge", [(503, [], size), (200, [], size)])):
+        db = make_store(os.path.join(work, name) if os.makedirs(os.path.join(work, name)) is None else work, 200, rng)
+        backend = Backend(os.path.join(work, name)).start()
+        proxy = ScriptedProxy(backend, script)
+        try:
+            rc, out, err, rss[name] = run_measured(
+                ["forward", "--db", db, "--endpoint", proxy.url, "--until-empty", "--max-in-flight", "1",
+                 "--timeout", "10", *SHORT_BUDGET], timeout=90)
+            check(rc == 0, "forward (%s) exited %d: %s" % (name, rc, err.strip()[-800:]))
+            assert_delivered_exactly_once(db, backend)
+        finally:
+            proxy.stop()
+            backend.stop()
+    log("max RSS: normal answers %.1f MiB, 100 MB bodies %.1f MiB" % (rss["plain"], rss["huge"]))
+    print("    max RSS of ferry forward: %.1f MiB with normal answers, %.1f MiB with two 100 MB bodies"
+          % (rss["plain"], rss["huge"]), flush=True)
+    check(rss["huge"] < rss["plain"] + 20, "RSS %.1f MiB with 100 MB bodies vs %.1f MiB: the body was buffered"
+          % (rss["huge"], rss["plain"]))
+
+
 TESTS = [
     test_bad_input,
     test_token_file_permissions,
@@ -774,6 +912,7 @@ TESTS = [
     test_backend_down_longer_than_retry_budget,
     test_503_window_longer_than_retry_budget,
     test_poison_batch_alone_fails,
+    test_hostile_retry_after_values,
     test_forward_while_ingesting,
     test_sigkill_at_random_moments,
 ]
