@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import FerryUplink
+import CCurl
 
 /// A deterministic generator (SplitMix64) so jitter is testable.
 struct SeededGenerator: RandomNumberGenerator {
@@ -100,20 +101,18 @@ struct ConstantGenerator: RandomNumberGenerator {
     }
 
     @Test func transportErrorsClassify() {
-        let timeout = NSError(domain: NSURLErrorDomain, code: NSURLErrorTimedOut)
-        #expect(UplinkTransportErrors.classify(timeout) == .retry(.timeout, retryAfterSeconds: nil))
-        let refused = NSError(domain: NSURLErrorDomain, code: NSURLErrorCannotConnectToHost)
-        guard case .retry(.connection, nil) = UplinkTransportErrors.classify(refused) else {
+        #expect(UplinkTransportErrors.classify(code: CURLE_OPERATION_TIMEDOUT, message: "") == .retry(.timeout, retryAfterSeconds: nil))
+        guard case .retry(.connection(let detail), nil) = UplinkTransportErrors.classify(code: CURLE_COULDNT_CONNECT, message: "")
+        else {
             Issue.record("refused connection must retry")
             return
         }
-        let underlying = NSError(
-            domain: NSURLErrorDomain, code: -1,
-            userInfo: [NSLocalizedDescriptionKey: "SSL certificate problem: self-signed certificate"])
-        let tls = NSError(domain: NSURLErrorDomain, code: -1, userInfo: [NSUnderlyingErrorKey: underlying])
-        guard case .pause(.untrustedCertificate) = UplinkTransportErrors.classify(tls) else {
-            Issue.record("certificate failure must pause")
-            return
+        #expect(!detail.isEmpty, "libcurl's own text when there is no message")
+        for code in [CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CACERT_BADFILE, CURLE_SSL_CERTPROBLEM] {
+            guard case .pause(.untrustedCertificate) = UplinkTransportErrors.classify(code: code, message: "x") else {
+                Issue.record("certificate failure \(code) must pause")
+                return
+            }
         }
     }
 }
