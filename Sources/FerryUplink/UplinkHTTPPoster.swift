@@ -370,35 +370,18 @@ final class ResponseSink {
         let line = data.withMemoryRebound(to: UInt8.self, capacity: bytes) {
             String(decoding: UnsafeBufferPointer(start: $0, count: bytes), as: UTF8.self)
         }
-        let trimmed = line.trimmingCharacters(in: .whitespacesAndNewlines)
-        if trimmed.hasPrefix("HTTP/") {
+        switch HTTPHeaderLine(line) {
+        case .statusLine:
             // A new status line (after a 100 Continue): only the final head counts.
             sink.headers = [:]
             sink.headComplete = false
-        } else if trimmed.isEmpty {
+        case .end:
             sink.headComplete = true
-        } else if let colon = trimmed.firstIndex(of: ":") {
-            let name = trimmed[..<colon].trimmingCharacters(in: .whitespaces).lowercased()
-            sink.headers[name] = trimmed[trimmed.index(after: colon)...].trimmingCharacters(in: .whitespaces)
+        case .field(let name, let value):
+            sink.headers[name] = value
+        case .malformed:
+            break
         }
         return bytes
-    }
-}
-
-/// Where plain http may go.
-public enum UplinkEndpoint {
-    /// `localhost`, an IPv4 literal in 127.0.0.0/8 (four decimal parts) or the IPv6 literal ::1. Host NAMES
-    /// other than localhost are not loopback whatever they start with (`127.evil.example` is a remote host).
-    public static func isLoopback(host: String) -> Bool {
-        var name = host.lowercased()
-        if name.hasPrefix("["), name.hasSuffix("]") { name = String(name.dropFirst().dropLast()) }
-        if name == "localhost" { return true }
-        var v4 = in_addr()
-        if inet_pton(AF_INET, name, &v4) == 1 { return UInt32(bigEndian: v4.s_addr) >> 24 == 127 }
-        var v6 = in6_addr()
-        if inet_pton(AF_INET6, name, &v6) == 1 {
-            return withUnsafeBytes(of: &v6) { $0.elementsEqual([UInt8](repeating: 0, count: 15) + [1]) }
-        }
-        return false
     }
 }
