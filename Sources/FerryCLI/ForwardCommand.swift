@@ -36,6 +36,9 @@ enum ForwardCommand {
           --json                print the run's report as one JSON object
           --verbose             log every retry and pause on stderr
 
+        One forwarder per store: a second one (or `ferry forward` beside `ferry run` with an uplink) exits 1 with
+        one line naming the first one's pid; batches in flight are only released once their forwarder is gone.
+
         Certificates are verified against the system's CA store; a private backend CA goes there (or is bound
         over /etc/ssl/certs/ca-certificates.crt by systemd's BindReadOnlyPaths=): see docs/UPLINK.md.
         """
@@ -81,6 +84,7 @@ enum ForwardCommand {
         configuration.maxInFlight = maxInFlight
         configuration.limits.maxEvents = batchEvents
         configuration.policy.maxRetries = maxRetries
+        configuration.leaseSeconds = max(120, 4 * Double(timeout))
         configuration.policy.baseDelaySeconds = Double(backoffBase) / 1000
         configuration.policy.maxDelaySeconds = Double(max(backoffBase, backoffMax)) / 1000
         configuration.policy.maxRetryAfterSeconds = Double(maxRetryAfter) / 1000
@@ -104,7 +108,12 @@ enum ForwardCommand {
         }
         let untilEmpty = args.flags.contains("--until-empty")
         let started = Date()
-        let report = try AsyncBridge.run(cancelOnSignals: true) { try await forwarder.run(untilEmpty: untilEmpty) }
+        let report: ForwardReport
+        do {
+            report = try AsyncBridge.run(cancelOnSignals: true) { try await forwarder.run(untilEmpty: untilEmpty) }
+        } catch let error as ForwarderError {
+            throw CommandFailure("database \(dbPath): \(error)")
+        }
         let seconds = Date().timeIntervalSince(started)
         if args.flags.contains("--json") {
             output.out(

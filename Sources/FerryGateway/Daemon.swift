@@ -371,6 +371,7 @@ public actor GatewayDaemon {
         forwarding.maxInFlight = uplink.maxInFlight
         forwarding.limits.maxEvents = uplink.batchEvents
         forwarding.policy.maxRetries = uplink.maxRetries
+        forwarding.leaseSeconds = max(120, 4 * Double(uplink.timeoutSeconds))  // outlives any one request
         let poster = try UplinkHTTPPoster(
             configuration: UplinkHTTPConfiguration(
                 endpoint: endpoint, requestTimeoutSeconds: uplink.timeoutSeconds,

@@ -32,6 +32,8 @@ public struct ClaimedBatch: Sendable, Equatable {
     public var events: [OutboxEvent]
     /// True when the batch was claimed before (a retry or a zombie): same events, same key.
     public var isRetry: Bool
+    /// The `gateway` field the batch was first sent with (nil: claimed without one).
+    public var gateway: String? = nil
 }
 
 public enum OutboxStatus: String, Sendable, CaseIterable {
@@ -71,7 +73,8 @@ extension GatewayStore {
     /// claimed before (a retry, or a zombie returned to PENDING) its whole batch is claimed again under the
     /// same id, so the retry carries the identical body and key. Otherwise a new batch of the oldest due,
     /// never-claimed events is formed within `limits` and its id persisted on the rows.
-    public func claimBatch(limits: ClaimLimits = ClaimLimits(), now: Int64) throws -> ClaimedBatch? {
+    /// `gateway` is recorded with a new batch and kept for its resends (the batch's stored one wins).
+    public func claimBatch(limits: ClaimLimits = ClaimLimits(), now: Int64, gateway: String? = nil) throws -> ClaimedBatch? {
         try store {
             try database.writeTransaction {
                 let first = try database.cached(
@@ -112,14 +115,25 @@ extension GatewayStore {
                         events.append(event)
                     }
                 }
+                // A batch first claimed before schema 3 has no gateway yet: it keeps the one it gets now.
+                let stored = isRetry
+                    ? try database.text(
+                        "SELECT batch_gateway FROM outbox_events WHERE batch_id = ? AND batch_gateway IS NOT NULL LIMIT 1",
+                        [.text(batchID)])
+                    : nil
+                let batchGateway = stored ?? gateway
                 let claim = try database.cached(
-                    "UPDATE outbox_events SET status = 'IN_FLIGHT', batch_id = ?, claimed_at = ? WHERE id = ?")
+                    "UPDATE outbox_events SET status = 'IN_FLIGHT', batch_id = ?, claimed_at = ?, batch_gateway = ? "
+                        + "WHERE id = ?")
                 for index in events.indices {
-                    try claim.run([.text(batchID), .integer(now), .text(events[index].id)])
+                    try claim.run([
+                        .text(batchID), .integer(now), batchGateway.map { .text($0) } ?? .null, .text(events[index].id),
+                    ])
                     events[index].status = "IN_FLIGHT"
                     events[index].batchID = batchID
                 }
-                return events.isEmpty ? nil : ClaimedBatch(id: batchID, events: events, isRetry: isRetry)
+                return events.isEmpty
+                    ? nil : ClaimedBatch(id: batchID, events: events, isRetry: isRetry, gateway: batchGateway)
             }
         }
     }
@@ -254,7 +268,7 @@ extension GatewayStore {
     public func retryFailed(id: String?, now: Int64) throws -> Int {
         try store {
             let sql =
-                "UPDATE outbox_events SET status = 'PENDING', retry_count = 0, next_retry_at = ?, batch_id = NULL "
+                "UPDATE outbox_events SET status = 'PENDING', retry_count = 0, next_retry_at = ?, batch_id = NULL, batch_gateway = NULL "
                 + "WHERE status = 'FAILED'" + (id == nil ? "" : " AND id = ?")
             try database.cached(sql).run([.integer(now)] + (id.map { [.text($0)] } ?? []))
             let changed = database.changes

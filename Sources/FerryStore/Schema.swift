@@ -75,6 +75,29 @@ enum Schema {
             );
             """
         ),
+        (
+            3,
+            """
+            -- The uplink (issue 11). The `gateway` field a batch was first sent with: a resend is byte-identical
+            -- whatever the host name or --gateway-id became since (a backend answers 422 to the same
+            -- Idempotency-Key with another body).
+            ALTER TABLE outbox_events ADD COLUMN batch_gateway TEXT;
+
+            -- One forwarder per store: the row's owner may claim batches until expires_at. A second forwarder
+            -- refuses while the owner lives; IN_FLIGHT rows go back to PENDING only when their owner is gone.
+            -- The owner also records the uplink's state for `ferry status`.
+            CREATE TABLE uplink_forwarder (
+                id          INTEGER PRIMARY KEY CHECK (id = 1),
+                owner       TEXT    NOT NULL,     -- random id of one forwarder instance
+                pid         INTEGER NOT NULL,
+                boot_id     TEXT    NOT NULL,     -- /proc/sys/kernel/random/boot_id: a pid means nothing after a reboot
+                expires_at  INTEGER NOT NULL,     -- unix milliseconds; renewed while it runs
+                state       TEXT    NOT NULL DEFAULT 'online',  -- online | offline | paused
+                state_since INTEGER,              -- unix milliseconds
+                detail      TEXT                  -- why offline or paused
+            );
+            """
+        ),
     ]
 
     static var latestVersion: Int64 { migrations.last!.version }

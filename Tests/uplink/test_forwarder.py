@@ -295,6 +295,12 @@ def assert_delivered_exactly_once(db, backend, allow_rebatched=False):
     check(stats["frames"] == stats["distinct_natural_keys"] == len(ours),
           "backend processed %d frames, holds %d, store has %d" % (
               stats["frames"], stats["distinct_natural_keys"], len(ours)))
+    # One body per key, whatever was resent (lost responses, kills, keep-alive reuse): the backend records the
+    # hash of every body each key carried, answered or not.
+    check(stats["keys_with_several_bodies"] == 0,
+          "%d Idempotency-Keys arrived with two different bodies: %s" % (stats["keys_with_several_bodies"], query(
+              backend.db, "SELECT key, body_sha256 FROM key_bodies WHERE key IN (SELECT key FROM key_bodies "
+                          "GROUP BY key HAVING COUNT(*) > 1) LIMIT 6")))
     if not allow_rebatched:
         check(stats["events_in_multiple_batches"] == 0,
               "backend saw %d events under two batch keys" % stats["events_in_multiple_batches"])
@@ -893,6 +899,69 @@ def test_huge_response_bodies_stay_bounded(work, rng):
           % (rss["huge"], rss["plain"]))
 
 
+def test_two_forwarders_on_one_store(work, rng):
+    """A second `ferry forward` on a store a live forwarder drains refuses with one line (exit 1, naming the
+    first one's pid) instead of releasing its IN_FLIGHT batches and posting the same keys beside it; once the
+    first is SIGKILLed the second takes over at once and nothing is lost or posted twice at the same time."""
+    db = make_store(work, 1500, rng)
+    backend = Backend(work, "--slow-ms", "30").start()
+    first = subprocess.Popen([FERRY, "forward", "--db", db, "--endpoint", backend.url, "--batch-events", "2",
+                              "--timeout", REQUEST_TIMEOUT], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: outbox_counts(db).get("COMPLETED", 0) > 0, 30, "the first forwarder to deliver")
+        for _ in range(3):
+            rc, out, err = ferry("forward", "--db", db, "--endpoint", backend.url, "--until-empty",
+                                 "--timeout", REQUEST_TIMEOUT, timeout=30)
+            lines = err.strip().splitlines()
+            check(rc == 1 and len(lines) == 1 and ("pid %d" % first.pid) in lines[0],
+                  "second forwarder: rc %d, stderr %r" % (rc, err))
+        log("refused: %s" % lines[0])
+        check(first.poll() is None, "the first forwarder died")
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        check(outbox_counts(db).get("PENDING", 0) + outbox_counts(db).get("IN_FLIGHT", 0) > 0,
+              "nothing left to take over: the test proves nothing")
+        ferry("forward", "--db", db, "--endpoint", backend.url, "--until-empty", "--batch-events", "2",
+              "--timeout", REQUEST_TIMEOUT, timeout=120, expect=0)
+        stats = assert_delivered_exactly_once(db, backend)
+        # The killed forwarder's last request may still be in the backend when the successor resends it
+        # (its owner is gone: that is the one allowed overlap); nothing else may overlap.
+        check(stats["concurrent_key_requests"] <= 1, "%d requests for a key already being processed"
+              % stats["concurrent_key_requests"])
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        backend.stop()
+
+
+def test_gateway_id_changed_between_attempt_and_retry(work, rng):
+    """Responses lost after the backend committed, then the gateway restarted with another --gateway-id (a
+    renamed host): the resends carry the body of the first attempt, byte for byte — no 422, no conflict."""
+    db = make_store(work, 300, rng)
+    backend = Backend(work, "--lost-response-rate", "1.0").start()
+    try:
+        process = subprocess.Popen([FERRY, "forward", "--db", db, "--endpoint", backend.url, "--batch-events", "5",
+                                    "--gateway-id", "gw-before", "--timeout", REQUEST_TIMEOUT, *SHORT_BUDGET],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: backend.stats()["responses_lost"] >= 3, 30, "lost responses")
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=15)
+        backend.control(lost_response_rate=0.0)
+        rc, out, err = ferry("forward", "--db", db, "--endpoint", backend.url, "--until-empty", "--json",
+                             "--batch-events", "5", "--gateway-id", "gw-after", "--timeout", REQUEST_TIMEOUT,
+                             timeout=60)
+        check(rc == 0, "forward after the rename exited %d: %s" % (rc, err.strip()[-600:]))
+        stats = assert_delivered_exactly_once(db, backend)
+        check(stats["idempotency_conflicts"] == 0 and stats["responses_by_status"].get("422", 0) == 0,
+              "the resend changed the body: %s" % stats)
+        check(stats["idempotent_replays"] >= 1, "no resend of a committed batch: the test proves nothing")
+        gateways = dict(query(backend.db, "SELECT gateway, COUNT(*) FROM batches GROUP BY gateway"))
+        check(gateways.get("gw-before", 0) >= 1, "batches by gateway: %s" % gateways)
+    finally:
+        backend.stop()
+
+
 TESTS = [
     test_bad_input,
     test_token_file_permissions,
@@ -910,6 +979,8 @@ TESTS = [
     test_poison_batch_alone_fails,
     test_hostile_retry_after_values,
     test_huge_response_bodies_stay_bounded,
+    test_two_forwarders_on_one_store,
+    test_gateway_id_changed_between_attempt_and_retry,
     test_forward_while_ingesting,
     test_sigkill_at_random_moments,
 ]
