@@ -33,14 +33,17 @@ enum ForwardCommand {
           --max-retry-after-ms N  a longer Retry-After from the backend is cut to this (default 3600000)
           --gzip MODE           never | auto (when the backend advertises Accept-Encoding: gzip) | always;
                                 default auto; bodies under 1 KiB are never compressed
+          --ca-file F           PEM CA certificates to verify the backend with instead of the system's bundle
+          --client-cert F       client certificate (PEM) for a backend that wants mutual TLS; with --client-key
+          --client-key F        the client certificate's private key (PEM)
           --json                print the run's report as one JSON object
           --verbose             log every retry and pause on stderr
 
         One forwarder per store: a second one (or `ferry forward` beside `ferry run` with an uplink) exits 1 with
         one line naming the first one's pid; batches in flight are only released once their forwarder is gone.
 
-        Certificates are verified against the system's CA store; a private backend CA goes there (or is bound
-        over /etc/ssl/certs/ca-certificates.crt by systemd's BindReadOnlyPaths=): see docs/UPLINK.md.
+        Certificates are verified against the system's CA store, or --ca-file for a private backend CA: see
+        docs/UPLINK.md §6.
         """
 
     static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
@@ -49,7 +52,7 @@ enum ForwardCommand {
             options: [
                 "--db", "--endpoint", "--token-file", "--gateway-id", "--max-in-flight",
                 "--batch-events", "--timeout", "--max-retries", "--gzip", "--backoff-base-ms",
-                "--backoff-max-ms", "--max-retry-after-ms",
+                "--backoff-max-ms", "--max-retry-after-ms", "--ca-file", "--client-cert", "--client-key",
             ],
             flags: ["--until-empty", "--json", "--verbose"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
@@ -89,11 +92,17 @@ enum ForwardCommand {
         configuration.policy.maxDelaySeconds = Double(max(backoffBase, backoffMax)) / 1000
         configuration.policy.maxRetryAfterSeconds = Double(maxRetryAfter) / 1000
         let poster: UplinkHTTPPoster
+        guard (args.values["--client-cert"] == nil) == (args.values["--client-key"] == nil) else {
+            throw UsageError("--client-cert and --client-key go together")
+        }
         do {
-            poster = try UplinkHTTPPoster(
-                configuration: UplinkHTTPConfiguration(
-                    endpoint: endpoint, requestTimeoutSeconds: timeout, compression: compression,
-                    maximumConnections: maxInFlight))
+            var http = UplinkHTTPConfiguration(
+                endpoint: endpoint, requestTimeoutSeconds: timeout, compression: compression,
+                maximumConnections: maxInFlight)
+            http.caFile = args.values["--ca-file"]
+            http.clientCertificateFile = args.values["--client-cert"]
+            http.clientKeyFile = args.values["--client-key"]
+            poster = try UplinkHTTPPoster(configuration: http)
         } catch {
             throw UsageError(error.description)
         }

@@ -372,10 +372,11 @@ public actor GatewayDaemon {
         forwarding.limits.maxEvents = uplink.batchEvents
         forwarding.policy.maxRetries = uplink.maxRetries
         forwarding.leaseSeconds = max(120, 4 * Double(uplink.timeoutSeconds))  // outlives any one request
-        let poster = try UplinkHTTPPoster(
-            configuration: UplinkHTTPConfiguration(
-                endpoint: endpoint, requestTimeoutSeconds: uplink.timeoutSeconds,
-                compression: .whenAdvertised(minimumBytes: 1024), maximumConnections: uplink.maxInFlight))
+        var http = UplinkHTTPConfiguration(
+            endpoint: endpoint, requestTimeoutSeconds: uplink.timeoutSeconds,
+            compression: .whenAdvertised(minimumBytes: 1024), maximumConnections: uplink.maxInFlight)
+        (http.caFile, http.clientCertificateFile, http.clientKeyFile) = (uplink.caFile, uplink.clientCert, uplink.clientKey)
+        let poster = try UplinkHTTPPoster(configuration: http)
         let tokenFile = uplink.tokenFile.map { TokenFile(path: $0) }
         let log = self.log
         return Task {

@@ -32,6 +32,10 @@ public struct UplinkSettings: Sendable, Equatable {
     public var batchEvents = 50
     public var timeoutSeconds = 30
     public var maxRetries = 12
+    /// PEM CA bundle for a private backend CA; client certificate and key for mutual TLS (docs/UPLINK.md §6).
+    public var caFile: String?
+    public var clientCert: String?
+    public var clientKey: String?
     public init() {}
 }
 
@@ -95,6 +99,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
     ]
     static let uplinkKeys: Set<String> = [
         "endpoint", "token_file", "gateway_id", "max_in_flight", "batch_events", "timeout_seconds", "max_retries",
+        "ca_file", "client_cert", "client_key",
     ]
 
     /// Parses and validates a config file's bytes. Unknown keys are errors (a typo must not silently fall
@@ -158,6 +163,9 @@ public struct DaemonConfiguration: Sendable, Equatable {
             if let v = try r.integer("batch_events", 1...10_000) { c.uplink.batchEvents = v }
             if let v = try r.integer("timeout_seconds", 1...3600) { c.uplink.timeoutSeconds = v }
             if let v = try r.integer("max_retries", 0...1000) { c.uplink.maxRetries = v }
+            c.uplink.caFile = try r.string("ca_file")
+            c.uplink.clientCert = try r.string("client_cert")
+            c.uplink.clientKey = try r.string("client_key")
         }
         return c
     }
