@@ -240,6 +240,7 @@ public actor OutboxForwarder {
             consecutivePauses += 1
             report.pauses += 1
             pausedUntil = now + Int64(after * 1000)
+            try? record("paused", since: wallClock.nowMillis(), detail: "cannot use the token: \(error)")
             log.log(.error, "uplink: paused \(String(format: "%.0f", after)) s: cannot use the token: \(error)")
             return false
         }

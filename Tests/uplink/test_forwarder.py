@@ -492,6 +492,10 @@ def test_401_pauses_then_token_rewrite_delivers(work, rng):
         retried = query(db, "SELECT count(*) FROM outbox_events WHERE retry_count > 0")[0][0]
         check(retried == 0, "%d events burnt a retry on 401" % retried)
         check(backend.stats()["distinct_natural_keys"] == 0, "frames accepted with a wrong token")
+        _, out, _ = ferry("status", "--db", db, "--json", expect=0)
+        uplink = json.loads(out)["uplink"]
+        check(uplink["state"] == "paused" and "401" in (uplink["detail"] or "") and uplink["backlog"] > 0,
+              "ferry status during a 401 pause: %s" % uplink)
 
         write_token(token_file, right)
         try:
@@ -770,6 +774,15 @@ def run_through_outage(work, db, backend, start_outage, end_outage, seconds=4.0)
         counts = outbox_counts(db)
         check("FAILED" not in counts, "FAILED during the outage: %s" % counts)
         check(process.poll() is None, "forward ended during the outage")
+        # The operator's view while it waits: offline since a moment, the backlog, the oldest pending age.
+        _, out, _ = ferry("status", "--db", db, "--json", expect=0)
+        status = json.loads(out)
+        uplink = status["uplink"]
+        check(uplink["state"] == "offline" and uplink["since"] and uplink["pid"] == process.pid
+              and uplink["backlog"] > 0 and status["oldest_pending_age_seconds"] is not None,
+              "ferry status during the outage: %s" % status)
+        _, text, _ = ferry("status", "--db", db, expect=0)
+        check("uplink: offline since " in text, "ferry status text: %s" % text)
         end_outage()
         out, err = process.communicate(timeout=90)
     finally:
@@ -781,6 +794,10 @@ def run_through_outage(work, db, backend, start_outage, end_outage, seconds=4.0)
     check(err.count("uplink: offline") == 1 and err.count("uplink: back online") == 1,
           "expected one offline and one back-online line, stderr:\n%s" % err[-2000:])
     check(report["failed_in_store"] == 0 and report["offline_periods"] == 1, "report: %s" % report)
+    _, out, _ = ferry("status", "--db", db, "--json", expect=0)
+    uplink = json.loads(out)["uplink"]
+    check(uplink == {"state": "not running", "since": None, "detail": None, "pid": None, "backlog": 0},
+          "ferry status after the run: %s" % uplink)
     charged = query(db, "SELECT count(*) FROM outbox_events WHERE retry_count > 0")[0][0]
     check(charged == 0, "%d events were charged a retry for an outage" % charged)
     return report, err
