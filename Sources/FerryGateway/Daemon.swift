@@ -382,7 +382,9 @@ public actor GatewayDaemon {
         return Task {
             // The forwarder only ends on a store error; it is restarted so a transient error (disk full,
             // locked file) does not silently stop the uplink for the rest of the daemon's life.
+            var lastError = ""
             while !Task.isCancelled {
+                let started = ContinuousClock.now
                 do {
                     let forwarder = try OutboxForwarder(
                         databasePath: databasePath, poster: poster, configuration: forwarding,
@@ -390,7 +392,11 @@ public actor GatewayDaemon {
                     _ = try await forwarder.run(untilEmpty: false)
                 } catch {
                     if Task.isCancelled { break }
-                    log.log(.error, "uplink: stopped on \(error); restarting in 5 s")
+                    // Said once per cause while it keeps failing at once: another forwarder holding the store's
+                    // lease may do so for hours.
+                    if ContinuousClock.now - started > .seconds(60) { lastError = "" }
+                    if "\(error)" != lastError { log.log(.error, "uplink: stopped on \(error); retrying every 5 s") }
+                    lastError = "\(error)"
                 }
                 try? await Task.sleep(nanoseconds: 5_000_000_000)
             }
