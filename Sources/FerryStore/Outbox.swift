@@ -165,8 +165,8 @@ extension GatewayStore {
         }
     }
 
-    /// 2xx: the batch's events are delivered. Also accepted for rows a zombie sweep returned to PENDING in the
-    /// meantime (same key: the backend deduplicated).
+    /// 2xx: the batch's events are delivered. Also accepted for rows released to PENDING in the meantime (their
+    /// forwarder died; same key: the backend deduplicated).
     public func completeBatch(_ batchID: String, now: Int64) throws {
         try store {
             try database.cached(

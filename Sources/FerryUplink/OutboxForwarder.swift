@@ -22,7 +22,7 @@ public struct ForwarderConfiguration: Sendable {
     public var leaseSeconds: Double = 120
     /// COMPLETED events and their frames are pruned this long after delivery (PROTOCOL §6: 72 h).
     public var retentionSeconds: Double = 72 * 3600
-    /// How often housekeeping (zombies, pruning, incremental vacuum) runs while idle.
+    /// How often housekeeping (pruning, incremental vacuum) runs while idle.
     public var housekeepingIntervalSeconds: Double = 60
     /// Longest sleep when nothing is due (new events are committed by another process).
     public var idlePollSeconds: Double = 1
