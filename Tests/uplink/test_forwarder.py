@@ -297,6 +297,9 @@ def assert_delivered_exactly_once(db, backend, allow_rebatched=False):
               stats["frames"], stats["distinct_natural_keys"], len(ours)))
     # One body per key, whatever was resent (lost responses, kills, keep-alive reuse): the backend records the
     # hash of every body each key carried, answered or not.
+    recorded = query(backend.db, "SELECT COUNT(DISTINCT key) FROM key_bodies")[0][0]
+    check(recorded >= stats["batches"] > 0, "the backend recorded bodies for %d keys, %d batches stored"
+          % (recorded, stats["batches"]))
     check(stats["keys_with_several_bodies"] == 0,
           "%d Idempotency-Keys arrived with two different bodies: %s" % (stats["keys_with_several_bodies"], query(
               backend.db, "SELECT key, body_sha256 FROM key_bodies WHERE key IN (SELECT key FROM key_bodies "
