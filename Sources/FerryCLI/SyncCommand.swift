@@ -190,10 +190,12 @@ enum SyncCommand {
         continuation.finish()
         let reason = runner.summary.disconnectReason ?? "link lost"
         let result: String
-        switch reason {
-        case "caughtUp": result = "caught up"
-        case "shutdown": result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
-        case "noResponse": result = "no response from the peripheral after 3 SYNC_REQs"
+        switch runner.summary.end {
+        case .disconnected(.caughtUp): result = "caught up"
+        case .disconnected(.shutdown): result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
+        case .disconnected(.noResponse): result = "no response from the peripheral after 3 SYNC_REQs"
+        case .disconnected(.noProgress):
+            result = "no progress: no new frame for \(Int(configuration.noProgressTimeout)) s (committed frames are kept; run again)"
         default:
             // The DATA socket's end of file can beat the bus's NameOwnerChanged: ask the bus itself, after a
             // moment for it to notice a dead bluetoothd (seen in the test bed: ferry exited 1.8 s after a

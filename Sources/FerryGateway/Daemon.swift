@@ -489,9 +489,10 @@ struct SessionWorker: Sendable {
         let head = runner.machine.knownHead
         let backlog = head.map { $0 > s.cursor ? $0 - s.cursor : 0 }
         let outcome: SyncScheduler.Outcome
-        switch s.disconnectReason {
-        case "caughtUp": outcome = .caughtUp
-        case "shutdown": outcome = .interrupted(backlog: backlog)
+        switch s.end {
+        case .disconnected(.caughtUp): outcome = .caughtUp
+        // Ended to share the slot, not for a fault of the peripheral: back soon, by backlog priority.
+        case .disconnected(.shutdown), .disconnected(.maxDurationReached): outcome = .interrupted(backlog: backlog)
         case _ where s.backpressure: outcome = .interrupted(backlog: backlog)
         default: outcome = .failed
         }

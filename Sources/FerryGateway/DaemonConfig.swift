@@ -56,6 +56,10 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var connectTimeoutSeconds: Double = 35
     public var diskBudgetBytes: Int64?
     public var shutdownGraceSeconds: Double = 5
+    /// A session that commits no new frame for this long while it expects more ends (the slot is freed).
+    public var noProgressSeconds: Double = 30
+    /// A sync-and-release session ends after this long (backlog left for the next one, others get the slot).
+    public var maxSessionSeconds: Double = 600
     public var logLevel: LogLevel = .info
     public var uplink = UplinkSettings()
 
@@ -83,6 +87,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var sessionConfiguration: SyncSession.Configuration {
         var c = SyncSession.Configuration()
         c.window = window
+        c.noProgressTimeout = noProgressSeconds
+        c.maxSessionDuration = maxSessionSeconds
         return c
     }
 
@@ -92,6 +98,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
         "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default", "require_bond",
         "max_connections", "sync_interval_seconds", "backoff_base_seconds", "backoff_cap_seconds", "window",
         "connect_timeout_seconds", "disk_budget_bytes", "shutdown_grace_seconds", "log_level", "uplink",
+        "no_progress_seconds", "max_session_seconds",
     ]
     static let uplinkKeys: Set<String> = [
         "endpoint", "token_file", "gateway_id", "max_in_flight", "batch_events", "timeout_seconds", "max_retries",
@@ -130,6 +137,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
         if let v = try reader.number("connect_timeout_seconds", 1...600) { c.connectTimeoutSeconds = v }
         if let v = try reader.integer("disk_budget_bytes", 1_048_576...Int.max) { c.diskBudgetBytes = Int64(v) }
         if let v = try reader.number("shutdown_grace_seconds", 0.5...60) { c.shutdownGraceSeconds = v }
+        if let v = try reader.number("no_progress_seconds", 5...3600) { c.noProgressSeconds = v }
+        if let v = try reader.number("max_session_seconds", 10...86_400) { c.maxSessionSeconds = v }
         if let v = try reader.string("log_level") {
             guard let level = LogLevel(name: v) else {
                 throw ConfigError(key: "log_level", problem: "must be debug, info, notice, warning or error, got '\(v)'")

@@ -82,3 +82,40 @@ func silentPeripheral() async throws {
     try await gateway.syncUntilCaughtUp(peripheral)
     _ = try expectConsistent(gateway, peripheral)
 }
+
+@Test("a peripheral that stalls mid-sync with the link up (one stale duplicate per SYNC_REQ) is let go within the bound; the next session gets every event")
+func stalledPeripheralFreesTheSlot() async throws {
+    let dir = try TemporaryDirectory("stalled")
+    defer { dir.remove() }
+    var stall = SimulatedPeripheral.Faults()
+    stall.stallAfterFrames = 300
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: stall, seed: 96)
+    try peripheral.record(count: 1_500)
+    let gateway = try Gateway(directory: dir)
+    let startedAt = gateway.clock.now()
+    let first = try await gateway.session(with: peripheral)
+    // Ends (not hung, no step cap), without a link loss, well within the documented no-progress bound.
+    #expect(first.outcome.ending == .finished, "\(first)")
+    #expect(first.summary.end == .disconnected(.noResponse) || first.summary.end == .disconnected(.noProgress), "\(first)")
+    #expect(first.outcome.endedAt - startedAt <= gateway.configuration.noProgressTimeout + 1, "\(first)")
+    #expect(first.summary.cursor >= 280 && first.summary.cursor <= 300, "\(first)")
+    #expect(peripheral.statistics.staleAnswers >= 2)
+    // The later session (the stall was one firmware hiccup) completes every event.
+    try await gateway.syncUntilCaughtUp(peripheral)
+    let ledger = try expectConsistent(gateway, peripheral)
+    #expect(ledger.storedEvents == 1_500)
+}
+
+@Test("the simulator's driver reports a session with nothing left to wait for as hung, like the live driver would hold it")
+func driverReportsHungSessions() async throws {
+    let dir = try TemporaryDirectory("hung")
+    defer { dir.remove() }
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: .none, seed: 97)
+    try peripheral.record(count: 30)
+    let gateway = try Gateway(directory: dir)
+    // Stay connected, caught up, no live events, no stop time: the live daemon would wait forever.
+    gateway.configuration.stayConnected = true
+    let record = try await gateway.session(with: peripheral)
+    #expect(record.outcome.ending == .hung, "\(record)")
+    #expect(record.summary.cursor == 30)
+}
