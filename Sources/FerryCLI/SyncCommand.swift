@@ -151,6 +151,13 @@ enum SyncCommand {
             throw CommandFailure("cannot connect to \(address): \(error)")
         }
         log.log(.info, "connected to \(address)")
+        if requireBond, !(await device.isBonded()) {
+            // Checked again after the connect, before any GATT access: the bond may have vanished meanwhile.
+            try? await device.disconnect()
+            throw CommandFailure(
+                "\(address) is not bonded with this gateway any more (checked after connecting, --require-bond): "
+                    + "nothing synced; re-pair it explicitly with `ferry pair --address \(address)`")
+        }
 
         let service: BlueZGattService
         do {

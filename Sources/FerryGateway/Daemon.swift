@@ -46,6 +46,8 @@ public actor GatewayDaemon {
 
     struct ActiveSession {
         let task: Task<Void, Never>
+        /// The session stays connected for live events (holds its slot while the link lasts).
+        var staysConnected = false
         /// Set once the session has a live link; `.stop` goes there.
         var control: AsyncStream<LinkEvent>.Continuation?
     }
@@ -137,7 +139,10 @@ public actor GatewayDaemon {
         beginStop()
         let deadline = clock.now() + configuration.shutdownGraceSeconds
         while !sessions.isEmpty && clock.now() < deadline {
-            try? await Task.sleep(nanoseconds: 50_000_000)
+            // This runs in the cancelled task (SIGTERM cancels `run`), where Task.sleep returns at once: it
+            // busy-spun a core until the sessions ended. An unstructured task does not inherit the
+            // cancellation, so this really waits.
+            await Task { try? await Task.sleep(nanoseconds: 50_000_000) }.value
         }
         if !sessions.isEmpty {
             log.log(
@@ -274,6 +279,11 @@ public actor GatewayDaemon {
         guard configuration.requireBond else { return nil }
         let device = await client.knownDevice(address: address.string, on: adapter)
         if let device, await device.isBonded() { return nil }
+        return bondMissing(address)
+    }
+
+    /// The refusal text for a peripheral BlueZ holds no key for (before connecting, or found after connecting).
+    private func bondMissing(_ address: PeripheralAddress) -> String {
         if trusted.contains(address) {
             return "bond lost: paired with this gateway, but BlueZ holds no key for it any more; not syncing it "
                 + "(require_bond). Re-pair explicitly: ferry unpair \(address), clear the bond on the peripheral, "
@@ -319,12 +329,14 @@ public actor GatewayDaemon {
         }
     }
 
-    private func start(_ policy: PeripheralPolicy, client: BlueZClient, adapter: BlueZAdapter) {
+    private func start(_ requested: PeripheralPolicy, client: BlueZClient, adapter: BlueZAdapter) {
+        let policy = slotFairPolicy(requested)
         scheduler.started(policy.address, now: clock.now())
         totals.sessions += 1
         let settings = SessionSettings(
             policy: policy, configuration: configuration.sessionConfiguration, databasePath: configuration.databasePath,
-            connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: configuration.diskBudgetBytes)
+            connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: configuration.diskBudgetBytes,
+            requireBond: configuration.requireBond)
         let log = self.log
         let clock = self.clock
         let task = Task {
@@ -332,7 +344,24 @@ public actor GatewayDaemon {
                 .run(register: { continuation in await self.attach(policy.address, continuation) })
             self.finished(policy.address, result)
         }
-        sessions[policy.address] = ActiveSession(task: task, control: nil)
+        sessions[policy.address] = ActiveSession(task: task, staysConnected: policy.stayConnected, control: nil)
+    }
+
+    /// `policy`, or its sync-and-release form when a stay-connected session now would leave the sync-and-release
+    /// peripherals without a slot (`SyncScheduler.grantsStayConnected`).
+    private func slotFairPolicy(_ policy: PeripheralPolicy) -> PeripheralPolicy {
+        guard policy.stayConnected else { return policy }
+        let granted = SyncScheduler.grantsStayConnected(
+            activeStayConnected: sessions.values.filter(\.staysConnected).count,
+            maxConnections: configuration.maxConnections, candidates: scheduler.peripherals.count)
+        if granted { return policy }
+        log.log(
+            .info,
+            "\(policy.address): stay_connected, but the other stay-connected sessions already hold all but one of "
+                + "\(configuration.maxConnections) slots: syncing it and releasing the slot this time")
+        var released = policy
+        released.stayConnected = false
+        return released
     }
 
     /// A session got its link: from now on a stop is delivered as `.stop`. Returns false if the daemon is
@@ -345,6 +374,10 @@ public actor GatewayDaemon {
     private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
         sessions[address] = nil
         scheduler.finished(address, outcome: result.outcome, now: clock.now())
+        if result.bondMissingAfterConnect {
+            // Refused and reported, never re-paired: pairing is the operator's act (ferry pair).
+            refuse(address, bondMissing(address))
+        }
         switch result.outcome {
         case .caughtUp: totals.caughtUp += 1
         case .failed: totals.failed += 1
@@ -403,11 +436,15 @@ struct SessionSettings: Sendable {
     var databasePath: String
     var connectTimeout: Double
     var diskBudgetBytes: Int64?
+    var requireBond = true
 }
 
 struct SessionResult: Sendable {
     var outcome: SyncScheduler.Outcome
     var summary: SyncSummary?
+    /// require_bond: the device was connected but BlueZ held no key for it (checked after the connect and
+    /// again before the first GATT access). The session never touched the Sync service.
+    var bondMissingAfterConnect = false
 }
 
 /// One slot's work: connect, run the sync session, report. Everything it logs names the peripheral.
@@ -439,6 +476,9 @@ struct SessionWorker: Sendable {
             if !Task.isCancelled { log.log(.warning, "\(address): connect failed: \(error)") }
             return SessionResult(outcome: Task.isCancelled ? .interrupted(backlog: nil) : .failed)
         }
+        // The bond checked before connecting may be gone now (removed by someone, or a different device
+        // answered at the address): a clear-link GATT access would make bluetoothd pair by itself.
+        if let refused = await refuseUnbonded(device) { return refused }
         let service: BlueZGattService
         do {
             // A late-exported STREAM_INFO is waited for by BlueZSyncTransport.
@@ -454,6 +494,7 @@ struct SessionWorker: Sendable {
             try? await device.disconnect()
             return SessionResult(outcome: .failed)
         }
+        if let refused = await refuseUnbonded(device) { return refused }
         let connectSeconds = clock.now() - started
         let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
         let store: GatewayStore
@@ -509,6 +550,15 @@ struct SessionWorker: Sendable {
                 + (s.backpressure ? "; store over its disk budget (backpressure)" : "")
                 + " [via \(transport.notifyMethod?.rawValue ?? "none")]")
         return SessionResult(outcome: outcome, summary: s)
+    }
+
+    /// Under require_bond: nil if BlueZ holds a bond for the connected `device`; otherwise disconnects it and
+    /// returns the refused session's result (reported by the daemon).
+    private func refuseUnbonded(_ device: BlueZDevice) async -> SessionResult? {
+        guard settings.requireBond, !(await device.isBonded()) else { return nil }
+        log.log(.warning, "\(address): connected, but BlueZ holds no bond for it: disconnecting before any GATT access")
+        try? await device.disconnect()
+        return SessionResult(outcome: .failed, bondMissingAfterConnect: true)
     }
 }
 

@@ -119,3 +119,21 @@ func driverReportsHungSessions() async throws {
     #expect(record.outcome.ending == .hung, "\(record)")
     #expect(record.summary.cursor == 30)
 }
+
+@Test("a link loss is recorded as the session's result (ferry peripherals must not show the previous one)")
+func linkLossIsRecordedAsTheSessionsResult() async throws {
+    let dir = try TemporaryDirectory("linklost")
+    defer { dir.remove() }
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: .none, seed: 98)
+    try peripheral.record(count: 100)
+    let gateway = try Gateway(directory: dir)
+    _ = try await gateway.session(with: peripheral)
+    #expect(try gateway.store.syncState(gateway.address)?.lastResult == "caughtUp")
+    try peripheral.record(count: 500)
+    var dropping = SimulatedPeripheral.Faults()
+    dropping.disconnectPerNotification = 0.5
+    peripheral.faults = dropping
+    let lost = try await gateway.session(with: peripheral)
+    #expect(lost.outcome.ending == .linkLost && lost.summary.end == .linkLost, "\(lost)")
+    #expect(try gateway.store.syncState(gateway.address)?.lastResult == "linkLost")
+}
