@@ -228,7 +228,7 @@ public final class SyncSessionRunner {
                 return machine.commitFailed(now: now)
             }
             do {
-                let outcome = try store.commit(batch, to: current.key)
+                let outcome = try commitRetryingWhileBusy(batch, to: current.key)
                 lastCommittedCursor = outcome.cursor
                 summary.framesStored += outcome.framesInserted
                 if let gap = outcome.gapRecorded {
@@ -262,6 +262,29 @@ public final class SyncSessionRunner {
             await transport.disconnect()
             finished = true
             return []
+        }
+    }
+
+    /// Extra attempts of a commit that found the store locked by another writer. Each attempt waits out
+    /// SQLite's busy timeout (5 s), so together they stay inside the default no-progress bound (30 s).
+    static let busyRetries = 3
+
+    /// `store.commit`, tried again while another connection holds the write lock (a long prune or vacuum on a
+    /// slow SD card outlasts one busy timeout): ending the session for it would drop a healthy link. The
+    /// commit is one transaction and idempotent (frames at or below the stored cursor are skipped), so a
+    /// retry cannot store anything twice.
+    private func commitRetryingWhileBusy(_ batch: CommitBatch, to key: StreamKey) throws -> CommitOutcome {
+        var attempt = 0
+        while true {
+            do {
+                return try store.commit(batch, to: key)
+            } catch StoreError.sqlite(let error) where error.isBusy && attempt < Self.busyRetries {
+                attempt += 1
+                log.log(
+                    .warning,
+                    "\(peripheral): store locked by another writer (\(error.message)); retrying the commit "
+                        + "(\(attempt)/\(Self.busyRetries)), nothing acknowledged meanwhile")
+            }
         }
     }
 

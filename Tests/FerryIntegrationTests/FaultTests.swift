@@ -137,3 +137,43 @@ func linkLossIsRecordedAsTheSessionsResult() async throws {
     #expect(lost.outcome.ending == .linkLost && lost.summary.end == .linkLost, "\(lost)")
     #expect(try gateway.store.syncState(gateway.address)?.lastResult == "linkLost")
 }
+
+/// A second SQLite connection that holds the write lock until `release` (from any thread, one at a time).
+private final class LockHolder: @unchecked Sendable {
+    let store: GatewayStore
+    init(path: String) throws { store = try GatewayStore(path: path) }
+    func hold() throws { try store.database.execute("BEGIN IMMEDIATE") }
+    func release() { try? store.database.execute("COMMIT") }
+}
+
+@Test("a commit that finds the store locked by another writer (a long prune) is retried, not the end of the session")
+func busyStoreIsRetriedNotFatal() async throws {
+    let dir = try TemporaryDirectory("busy")
+    defer { dir.remove() }
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: .none, seed: 99)
+    try peripheral.record(count: 100)
+    let gateway = try Gateway(directory: dir)
+    let holder = try LockHolder(path: gateway.dbPath)
+    let transport = SimulatedTransport(connectingTo: peripheral, now: gateway.clock.now())
+    let runner = SyncSessionRunner(
+        peripheral: gateway.address, store: gateway.store, transport: transport, configuration: gateway.configuration,
+        clock: gateway.clock)
+    var locked = false
+    transport.controlHook = { frame in
+        // At the first SYNC_REQ the stream is open; the first commit then meets the lock, held ~6 s: longer
+        // than one busy timeout (5 s), shorter than the retries.
+        if frame.type == .syncRequest && !locked {
+            locked = true
+            try? holder.hold()
+            Thread.detachNewThread {
+                Thread.sleep(forTimeInterval: 6)
+                holder.release()
+            }
+        }
+        return .deliver
+    }
+    let outcome = await SessionDriver.run(runner: runner, transport: transport, clock: gateway.clock)
+    #expect(locked)
+    #expect(outcome.ending == .finished && runner.summary.end == .disconnected(.caughtUp), "\(runner.summary)")
+    #expect(runner.summary.framesStored == 100)
+}
