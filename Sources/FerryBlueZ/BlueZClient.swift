@@ -44,7 +44,10 @@ public final class BlueZClient: Sendable {
         return first
     }
 
-    /// The device object for `address` on `adapter` (it exists only once discovery has seen it).
+    /// The device object at the path BlueZ builds from `address` (it exists only once discovery has seen it).
+    /// Only right for a device first seen under that very address: a peripheral first seen on a resolvable
+    /// private address keeps that address in its path after bonding. Ferry's commands and daemon use
+    /// `knownDevice` / `discover`, which go by the `Address` property.
     public func device(address: String, on adapter: BlueZAdapter) -> BlueZDevice {
         BlueZDevice(path: adapter.devicePath(forAddress: address), cache: objects)
     }
