@@ -22,6 +22,8 @@ public actor GatewayDaemon {
     private let log: any LogSink
     private let clock: any MonotonicClock
     private let connectBus: @Sendable () async throws -> DBusConnection
+    /// Heartbeats, readiness and the status line for systemd (`SystemdSupervision`); see Watchdog.swift.
+    private let health: DaemonHealth?
     private var scheduler: SyncScheduler
     private var sessions: [PeripheralAddress: ActiveSession] = [:]
     private var stopping = false
@@ -55,8 +57,10 @@ public actor GatewayDaemon {
         configuration: DaemonConfiguration, log: any LogSink, clock: any MonotonicClock = SystemMonotonicClock(),
         connectBus: @escaping @Sendable () async throws -> DBusConnection = {
             try await DBusConnection.connect(to: .system, defaultCallTimeout: .seconds(25))
-        }
+        },
+        health: DaemonHealth? = nil
     ) {
+        self.health = health
         self.configuration = configuration
         self.log = log
         self.clock = clock
@@ -146,6 +150,7 @@ public actor GatewayDaemon {
                     + "their uncommitted frames were not acknowledged and will be replayed")
             for session in sessions.values { session.task.cancel() }
         }
+        health?.forget(.forwarder)
         forwarder?.cancel()
         await forwarder?.value
         let t = totals
@@ -168,8 +173,14 @@ public actor GatewayDaemon {
             if message != lastWarning { log.log(.warning, message) }
             lastWarning = message
         }
+        var lastBusProbe = -Double.infinity
         while !stopping && !Task.isCancelled {
             let now = clock.now()
+            health?.beat(.scheduler)
+            if let client, now - lastBusProbe >= 10 {
+                lastBusProbe = now
+                probeBus(client)
+            }
             if client == nil {
                 do {
                     client = try await BlueZClient(connection: try await connectBus(), log: { [log] in log.log(.debug, $0) })
@@ -182,6 +193,7 @@ public actor GatewayDaemon {
                 do {
                     adapter = try await client.adapter(named: configuration.adapter)
                     log.log(.info, "using adapter \(adapter!.name)")
+                    health?.markReady()  // the store is open (run() opened it first) and the adapter is found
                     lastWarning = ""
                 } catch {
                     warnOnce("waiting for a Bluetooth adapter: \(error)")
@@ -220,11 +232,46 @@ public actor GatewayDaemon {
                     }
                 }
             }
+            publishStatus(adapter: adapter?.name)
             // Polling keeps the loop simple and obviously bounded; 250 ms is invisible next to a connect (≥ 0.3 s).
             try? await Task.sleep(nanoseconds: 250_000_000)
         }
         await discoveryLease?.release()
         await agent?.unregister()
+    }
+
+    // MARK: supervision
+
+    /// A round trip to the bus daemon through the connection thread: its reply is the D-Bus part's heartbeat
+    /// (an idle connection thread sleeps in poll(), so only a request proves it still turns). Not awaited by
+    /// the loop, so a wedged bus shows up as a stale `dbus` part rather than a stuck scheduler.
+    private func probeBus(_ client: BlueZClient) {
+        guard let health else { return }
+        health.expect(.dbus)
+        let connection = client.connection
+        Task {
+            if (try? await connection.call(
+                destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+                member: "GetId", timeout: .seconds(20))) != nil
+            {
+                health.beat(.dbus)
+            }
+        }
+    }
+
+    /// systemd's STATUS= line: slots in use and the known peripheral backlog (as of each one's last session).
+    private func publishStatus(adapter: String?) {
+        guard let health else { return }
+        guard let adapter else {
+            health.setStatus("waiting for a Bluetooth adapter" + (configuration.adapter.map { " (\($0))" } ?? ""))
+            return
+        }
+        let states = scheduler.peripherals.values
+        let backlog = states.reduce(UInt64(0)) { $0 &+ ($1.backlog ?? 0) }
+        let behind = states.filter { ($0.backlog ?? 0) > 0 }.count
+        health.setStatus(
+            "\(sessions.count) of \(configuration.maxConnections) slots in use, \(states.count) peripherals, "
+                + "backlog \(backlog) frames" + (behind > 0 ? " on \(behind)" : "") + ", adapter \(adapter)")
     }
 
     private func refreshCandidates(client: BlueZClient, adapter: BlueZAdapter) async {
@@ -377,6 +424,11 @@ public actor GatewayDaemon {
                 compression: .whenAdvertised(minimumBytes: 1024), maximumConnections: uplink.maxInFlight))
         let tokenFile = uplink.tokenFile.map { TokenFile(path: $0) }
         let log = self.log
+        if let health {
+            health.expect(.forwarder)
+            forwarding.heartbeat = { health.beat(.forwarder) }
+        }
+        let health = self.health
         return Task {
             // The forwarder only ends on a store error; it is restarted so a transient error (disk full,
             // locked file) does not silently stop the uplink for the rest of the daemon's life.
@@ -390,6 +442,7 @@ public actor GatewayDaemon {
                     if Task.isCancelled { break }
                     log.log(.error, "uplink: stopped on \(error); restarting in 5 s")
                 }
+                health?.beat(.forwarder)  // restarting after an error is progress, not a hang
                 try? await Task.sleep(nanoseconds: 5_000_000_000)
             }
         }

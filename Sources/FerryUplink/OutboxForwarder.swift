@@ -24,6 +24,8 @@ public struct ForwarderConfiguration: Sendable {
     public var housekeepingIntervalSeconds: Double = 60
     /// Longest sleep when nothing is due (new events are committed by another process).
     public var idlePollSeconds: Double = 1
+    /// Called once per loop iteration (a batch settled or an idle poll): the daemon's watchdog heartbeat.
+    public var heartbeat: (@Sendable () -> Void)?
 
     public init(gatewayID: String) {
         self.gatewayID = gatewayID
@@ -89,6 +91,7 @@ public actor OutboxForwarder {
         try await withThrowingTaskGroup(of: (ClaimedBatch, UplinkAttempt, Int).self) { group in
             var inFlight = 0
             while !Task.isCancelled {
+                configuration.heartbeat?()
                 let now = wallClock.nowMillis()
                 if now >= pausedUntil, tokenLoaded || reloadToken(now: now) {
                     while inFlight < configuration.maxInFlight, !Task.isCancelled,
@@ -150,7 +153,9 @@ public actor OutboxForwarder {
         } else if let due = try store.nextDueAt(), due > now {
             wait = min(wait, Double(due - now) / 1000)
         }
-        try? await Task.sleep(nanoseconds: UInt64(max(0.005, wait) * 1e9))
+        // At most 15 s at a time even through a long pause (Retry-After may say an hour): each wake is a
+        // heartbeat for the daemon's watchdog, and a pause still ends on time.
+        try? await Task.sleep(nanoseconds: UInt64(min(15, max(0.005, wait)) * 1e9))
     }
 
     /// Builds the §6 body from the claimed rows. Everything comes from stored, immutable data, so a retry of
