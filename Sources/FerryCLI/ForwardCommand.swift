@@ -79,7 +79,8 @@ enum ForwardCommand {
         } catch {
             throw UsageError(error.description)
         }
-        let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .warning)
+        // Under systemd the same journald priorities as `ferry run` (a 401 pause shows as a warning there).
+        let log: any LogSink = DaemonLogSink.forEnvironment(minimum: args.flags.contains("--verbose") ? .info : .warning)
         let forwarder: OutboxForwarder
         do {
             forwarder = try OutboxForwarder(

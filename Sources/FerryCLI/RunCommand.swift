@@ -61,7 +61,7 @@ enum RunCommand {
         }
         // The store, its WAL and journal hold every payload: owner-only whatever the caller's umask.
         umask(0o077)
-        let log = DaemonLogSink(minimum: configuration.logLevel, priorityPrefix: ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil)
+        let log = DaemonLogSink.forEnvironment(minimum: configuration.logLevel)
         if let tokenFile = configuration.uplink.tokenFile {
             do { _ = try TokenFile(path: tokenFile).read() } catch { throw CommandFailure("uplink.token_file: \(error)") }
         }
@@ -153,6 +153,11 @@ enum RunCommand {
 struct DaemonLogSink: LogSink {
     let minimum: LogLevel
     let priorityPrefix: Bool
+
+    /// Syslog priority prefixes when stderr goes to journald (systemd sets JOURNAL_STREAM), plain lines otherwise.
+    static func forEnvironment(minimum: LogLevel) -> DaemonLogSink {
+        DaemonLogSink(minimum: minimum, priorityPrefix: ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil)
+    }
 
     func log(_ level: LogLevel, _ message: String) {
         guard level >= minimum else { return }
