@@ -34,6 +34,9 @@ public enum FerryCommandLine {
             name: "sync", summary: "One sync with one peripheral over BlueZ, until it is caught up",
             help: SyncCommand.help, run: SyncCommand.run),
         Subcommand(
+            name: "scan", summary: "List the Sync peripherals in range: address, type, RSSI, name, paired or not",
+            help: ScanCommand.help, run: ScanCommand.run),
+        Subcommand(
             name: "pair", summary: "Pair with a peripheral (bond, Trusted, Sync service checked) and trust it",
             help: PairCommand.help, run: PairCommand.run),
         Subcommand(

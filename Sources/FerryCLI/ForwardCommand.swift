@@ -64,12 +64,21 @@ enum ForwardCommand {
             do { _ = try tokenFile.read() } catch { throw CommandFailure(error.description) }
         }
         // Check the store exists and is ours before any network traffic.
-        _ = try FerryCommandLine.openStore(dbPath, create: false)
+        let store = try FerryCommandLine.openStore(dbPath, create: false)
+        let untilEmpty = args.flags.contains("--until-empty")
 
         var configuration = ForwarderConfiguration(gatewayID: args.values["--gateway-id"] ?? ProcessInfo.processInfo.hostName)
         configuration.maxInFlight = maxInFlight
         configuration.limits.maxEvents = batchEvents
         configuration.policy.maxRetries = maxRetries
+        // --until-empty at a terminal: "forwarding n of m events" (m: undelivered when it started).
+        let progress = ProgressLine.forStderr(json: args.flags.contains("--json") || !untilEmpty)
+        defer { progress.clear() }
+        if untilEmpty, let total = try? store.undeliveredCount() {
+            configuration.onProgress = { report in
+                progress.update("forwarding \(report.eventsDelivered) of \(total) events (\(report.framesDelivered) frames)")
+            }
+        }
         let poster: UplinkHTTPPoster
         do {
             poster = try UplinkHTTPPoster(
@@ -89,10 +98,10 @@ enum ForwardCommand {
         } catch {
             throw CommandFailure("database \(dbPath): \(error)")
         }
-        let untilEmpty = args.flags.contains("--until-empty")
         let started = Date()
         let report = try AsyncBridge.run(cancelOnSignals: true) { try await forwarder.run(untilEmpty: untilEmpty) }
         let seconds = Date().timeIntervalSince(started)
+        progress.clear()
         if args.flags.contains("--json") {
             output.out(
                 JSON.object([
@@ -120,6 +129,7 @@ struct StderrLogSink: LogSink {
     let minimum: LogLevel
     func log(_ level: LogLevel, _ message: String) {
         guard level >= minimum else { return }
+        ProgressLine.eraseForLogLine()
         StandardOutput.writeAll(2, "ferry[\(level)]: \(message)\n")
     }
 }

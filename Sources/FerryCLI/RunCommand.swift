@@ -175,6 +175,7 @@ struct DaemonLogSink: LogSink {
         } else {
             line = "ferry[\(level)]: \(message)\n"
         }
+        ProgressLine.eraseForLogLine()
         StandardOutput.writeAll(2, line)
     }
 }

@@ -64,11 +64,15 @@ enum SyncCommand {
         var settings = SyncSession.Configuration()
         settings.window = window
         let configuration = settings
+        let progress = ProgressLine.forStderr(json: json)
+        defer { progress.clear() }
         let outcome = try AsyncBridge.run(cancelOnSignals: true) {
             try await sync(
                 address: address, adapterName: adapterName, dbPath: dbPath, bus: bus, timeout: timeout,
-                configuration: configuration, notify: notify, diskBudget: diskBudget, requireBond: requireBond, log: log)
+                configuration: configuration, notify: notify, diskBudget: diskBudget, requireBond: requireBond, log: log,
+                progress: progress)
         }
+        progress.clear()
         let s = outcome.summary
         if json {
             output.out(
@@ -108,7 +112,7 @@ enum SyncCommand {
     static func sync(
         address: PeripheralAddress, adapterName: String?, dbPath: String, bus: String?, timeout: Double,
         configuration: SyncSession.Configuration, notify: GattNotifyMethod, diskBudget: Int64?, requireBond: Bool,
-        log: any LogSink
+        log: any LogSink, progress: ProgressLine = ProgressLine(enabled: false)
     ) async throws -> Outcome {
         let started = ContinuousClock.now
         let deadline = started + .milliseconds(Int64(timeout * 1000))
@@ -118,6 +122,7 @@ enum SyncCommand {
             return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
         }
 
+        progress.update("\(address): connecting", force: true)
         let client = try await BlueZAccess.client(bus: bus)
         let adapter = try await BlueZAccess.poweredAdapter(client, named: adapterName)
         if requireBond {
@@ -151,6 +156,7 @@ enum SyncCommand {
             throw CommandFailure("cannot connect to \(address): \(error)")
         }
         log.log(.info, "connected to \(address)")
+        progress.update("\(address): connected, resolving the Sync service", force: true)
 
         let service: BlueZGattService
         do {
@@ -182,7 +188,12 @@ enum SyncCommand {
             continuation.yield(.stop)
         }
         await withTaskCancellationHandler {
-            await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation)
+            await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation) { runner in
+                let s = runner.summary
+                progress.update(
+                    "\(address): syncing \(s.cursor)" + (runner.machine.knownHead.map { " of ~\($0)" } ?? "")
+                        + " (\(s.framesStored) frames stored)")
+            }
         } onCancel: {
             continuation.yield(.stop)
         }

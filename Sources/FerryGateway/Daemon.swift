@@ -426,7 +426,7 @@ public actor GatewayDaemon {
         let log = self.log
         if let health {
             health.expect(.forwarder)
-            forwarding.heartbeat = { health.beat(.forwarder) }
+            forwarding.onProgress = { _ in health.beat(.forwarder) }
         }
         let health = self.health
         return Task {

@@ -24,8 +24,9 @@ public struct ForwarderConfiguration: Sendable {
     public var housekeepingIntervalSeconds: Double = 60
     /// Longest sleep when nothing is due (new events are committed by another process).
     public var idlePollSeconds: Double = 1
-    /// Called once per loop iteration (a batch settled or an idle poll): the daemon's watchdog heartbeat.
-    public var heartbeat: (@Sendable () -> Void)?
+    /// Called once per loop iteration (a batch settled or an idle poll) with the report so far: the daemon's
+    /// watchdog heartbeat, `ferry forward`'s progress line.
+    public var onProgress: (@Sendable (ForwardReport) -> Void)?
 
     public init(gatewayID: String) {
         self.gatewayID = gatewayID
@@ -91,7 +92,7 @@ public actor OutboxForwarder {
         try await withThrowingTaskGroup(of: (ClaimedBatch, UplinkAttempt, Int).self) { group in
             var inFlight = 0
             while !Task.isCancelled {
-                configuration.heartbeat?()
+                configuration.onProgress?(report)
                 let now = wallClock.nowMillis()
                 if now >= pausedUntil, tokenLoaded || reloadToken(now: now) {
                     while inFlight < configuration.maxInFlight, !Task.isCancelled,
