@@ -12,8 +12,8 @@ enum ScanCommand {
         Lists the Sync peripherals in range, so you can find the address to give `ferry pair` without
         bluetoothctl. Runs BlueZ discovery filtered by the Sync service UUID for S seconds (default 10), then
         prints each peripheral heard: address, address type (public, or random for a static/private address),
-        signal strength (RSSI, dBm; stronger first), advertised name, and whether BlueZ holds a pairing for it
-        (paired / bonded / trusted). Peripherals BlueZ knows but did not hear during the scan are not listed.
+        signal strength (RSSI, dBm; stronger first; "-" if BlueZ gave none), advertised name, and whether BlueZ holds a pairing for it
+        (paired / bonded / trusted). Peripherals BlueZ knows (paired earlier) but did not hear during the scan are not listed.
         It can run beside `ferry run` (BlueZ shares discovery between clients).
 
         Options:
@@ -64,7 +64,7 @@ enum ScanCommand {
                     ("peripherals", .array(found.map { p in
                         JSON.object([
                             ("address", .string(p.address)), ("address_type", .string(p.addressType)),
-                            ("rssi", .int(p.rssi)), ("name", p.name.map { .string($0) } ?? .null),
+                            ("rssi", p.rssi.map { .int($0) } ?? .null), ("name", p.name.map { .string($0) } ?? .null),
                             ("paired", .bool(p.paired)), ("bonded", .bool(p.bonded)), ("trusted", .bool(p.trusted)),
                         ])
                     })),
@@ -78,7 +78,7 @@ enum ScanCommand {
             return 0
         }
         let rows = found.map { p in
-            [p.address, p.addressType, "\(p.rssi)", p.name ?? "-",
+            [p.address, p.addressType, p.rssi.map { "\($0)" } ?? "-", p.name ?? "-",
              p.bonded ? "bonded" : (p.paired ? "paired" : "no") + (p.trusted ? ", trusted" : "")]
         }
         let header = ["ADDRESS", "TYPE", "RSSI", "NAME", "PAIRED"]

@@ -27,9 +27,20 @@ import Testing
         return tree
     }
 
+    static func device(_ last: String, _ properties: [String: DBusValue]) -> (String, [String: [String: DBusValue]]) {
+        var all = properties
+        all["Address"] = .string("C0:FF:EE:00:00:\(last)")
+        all["Adapter"] = .objectPath(FakeBlueZ.adapterPath)
+        return (FakeBlueZ.adapterPath + "/dev_C0_FF_EE_00_00_\(last)", [BlueZInterface.device: all])
+    }
+
     @Test func listsOnlySyncPeripheralsHeardDuringTheScanStrongestFirst() async throws {
         let bus = try TestBus()
-        let fake = try await FakeBlueZ.start(on: bus, tree: Self.knownTree(rssi: nil))
+        var tree = Self.knownTree(rssi: nil)
+        // Known to BlueZ (paired earlier), Sync UUID, but not heard during this scan: not in range.
+        let (silentPath, silent) = Self.device("06", ["UUIDs": .strings([SyncProfile.serviceUUID]), "Paired": .bool(true)])
+        tree[silentPath] = silent
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
         defer { fake.stop() }
         let client = try await BlueZClient(connection: try await bus.connect())
         let adapter = try await client.adapter(named: nil)
@@ -50,6 +61,11 @@ import Testing
                 ]
             ])
             try fake.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "RSSI", .int16(-70))
+            // Heard without an RSSI, and heard without a UUID list (BlueZ reported it under our UUID filter).
+            let (noRSSIPath, noRSSI) = Self.device("05", ["UUIDs": .strings([SyncProfile.serviceUUID]), "AddressType": .string("random")])
+            try fake.addObject(noRSSIPath, noRSSI)
+            let (noUUIDsPath, noUUIDs) = Self.device("07", ["RSSI": .int16(-90)])
+            try fake.addObject(noUUIDsPath, noUUIDs)
         }
         let progress = LockedValue<[Int]>([])
         let found = try await PeripheralScan.run(client: client, adapter: adapter, seconds: 1.5) { count, _ in
@@ -61,12 +77,16 @@ import Testing
                 paired: false, bonded: false, trusted: false),
             ScannedPeripheral(address: FakeBlueZ.deviceAddress, addressType: "public", rssi: -70, name: nil,
                 paired: true, bonded: true, trusted: true),
+            ScannedPeripheral(address: "C0:FF:EE:00:00:07", addressType: "public", rssi: -90, name: nil,
+                paired: false, bonded: false, trusted: false),
+            ScannedPeripheral(address: "C0:FF:EE:00:00:05", addressType: "random", rssi: nil, name: nil,
+                paired: false, bonded: false, trusted: false),
         ])
         #expect(fake.state.withLock { $0.discoveryFilter["UUIDs"] } == .strings([SyncProfile.serviceUUID]))
         #expect(fake.state.withLock { $0.discoveryFilter["Transport"] } == .string("le"))
         #expect(fake.calls.contains("Adapter1.StartDiscovery \(FakeBlueZ.adapterPath)"))
         #expect(fake.calls.contains("Adapter1.StopDiscovery \(FakeBlueZ.adapterPath)"))  // released afterwards
-        #expect(progress.withLock { $0.first } == 0 && progress.withLock { $0.last } == 2)
+        #expect(progress.withLock { $0.first } == 0 && progress.withLock { $0.last } == 4)
     }
 
     @Test func theBinaryPrintsJSONAndATableAndOneLineErrors() async throws {
