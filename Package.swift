@@ -14,6 +14,12 @@ let package = Package(
             name: "CSQLite", path: "Sources/CSQLite", pkgConfig: "sqlite3",
             providers: [.apt(["libsqlite3-dev"])]),
         .systemLibrary(
+            name: "CCurl", path: "Sources/CCurl", pkgConfig: "libcurl",
+            providers: [.apt(["libcurl4-openssl-dev"])]),
+        .systemLibrary(
+            name: "CZlib", path: "Sources/CZlib", pkgConfig: "zlib",
+            providers: [.apt(["zlib1g-dev"])]),
+        .systemLibrary(
             name: "CDBus", path: "Sources/CDBus", pkgConfig: "dbus-1",
             providers: [.apt(["libdbus-1-dev"])]),
         .systemLibrary(
@@ -25,7 +31,7 @@ let package = Package(
         // Durable store over SQLite: staged frames, transactional outbox, cursors.
         .target(name: "FerryStore", dependencies: ["CSQLite", "FerryProtocol"]),
         // Outbox forwarder to the backend over HTTP(S).
-        .target(name: "FerryUplink", dependencies: ["FerryStore", "FerryProtocol"]),
+        .target(name: "FerryUplink", dependencies: ["FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
         // libdbus bindings: connection, marshalling, signals.
         .target(name: "FerryDBus", dependencies: ["CDBus"]),
         // BlueZ client over D-Bus: adapter, device, GATT.

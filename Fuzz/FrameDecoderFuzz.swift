@@ -32,8 +32,27 @@ private struct Outcome {
     var buffered = 0
 }
 
+/// The decoding loop shared by the decoder under test and the plain reference algorithm.
+private protocol StreamDecoder {
+    init(maxPayloadLength: Int)
+    var bufferedByteCount: Int { get }
+    var statistics: FrameDecoder.Statistics { get }
+    mutating func feed(_ bytes: UnsafeRawBufferPointer, emit: (Frame) throws -> Void) rethrows
+    @discardableResult mutating func resolveStall(emit: (Frame) throws -> Void) rethrows -> Int
+}
+extension FrameDecoder: StreamDecoder {}
+extension ReferenceFrameDecoder: StreamDecoder {}
+
+/// Issue 12: time is a finding too. The decoder's work (bytes through the CRC + candidates judged) must stay
+/// within a constant of the bytes fed, whatever they are; libFuzzer's -timeout catches anything else slow.
+private let workPerByte = 3
+
 private func run(_ stream: [UInt8], cap: Int, chunked: Bool, stallEvery: Int?) -> Outcome {
-    var decoder = FrameDecoder(maxPayloadLength: cap)
+    run(FrameDecoder.self, stream, cap: cap, chunked: chunked, stallEvery: stallEvery)
+}
+
+private func run<D: StreamDecoder>(_: D.Type, _ stream: [UInt8], cap: Int, chunked: Bool, stallEvery: Int?) -> Outcome {
+    var decoder = D(maxPayloadLength: cap)
     var out = Outcome()
     let bound = Frame.overhead + cap
     let take: (Frame) -> Void = { frame in
@@ -61,6 +80,9 @@ private func run(_ stream: [UInt8], cap: Int, chunked: Bool, stallEvery: Int?) -
     }
     out.statistics = decoder.statistics
     out.buffered = decoder.bufferedByteCount
+    if let fast = decoder as? FrameDecoder, fast.work > workPerByte * stream.count {
+        violated("work \(fast.work) for \(stream.count) bytes (bound \(workPerByte) per byte)")
+    }
     return out
 }
 
@@ -91,6 +113,14 @@ public func frameDecoderFuzz(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt 
 
     let chunked = run(stream, cap: cap, chunked: true, stallEvery: stallEvery)
     checkAccounting(chunked, fed: stream.count)
+    // Same decisions as the plain algorithm (Tests/FerryProtocolTests/ReferenceFrameDecoder.swift), which
+    // judges every candidate with its own CRC pass.
+    let reference = run(ReferenceFrameDecoder.self, stream, cap: cap, chunked: true, stallEvery: stallEvery)
+    if reference.frames != chunked.frames || reference.statistics != chunked.statistics
+        || reference.buffered != chunked.buffered
+    {
+        violated("differs from the reference algorithm")
+    }
     if stallEvery == nil {
         // Without idle events in between, the split points must not change anything.
         let whole = run(stream, cap: cap, chunked: false, stallEvery: nil)

@@ -44,7 +44,10 @@ public final class BlueZClient: Sendable {
         return first
     }
 
-    /// The device object for `address` on `adapter` (it exists only once discovery has seen it).
+    /// The device object at the path BlueZ builds from `address` (it exists only once discovery has seen it).
+    /// Only right for a device first seen under that very address: a peripheral first seen on a resolvable
+    /// private address keeps that address in its path after bonding. Ferry's commands and daemon use
+    /// `knownDevice` / `discover`, which go by the `Address` property.
     public func device(address: String, on adapter: BlueZAdapter) -> BlueZDevice {
         BlueZDevice(path: adapter.devicePath(forAddress: address), cache: objects)
     }
@@ -53,14 +56,10 @@ public final class BlueZClient: Sendable {
     /// peripheral that used a resolvable private address, the object path still names the address it was
     /// first seen with while Address is the identity address. Falls back to the path-derived device.
     public func knownDevice(address: String, on adapter: BlueZAdapter) async -> BlueZDevice? {
-        let prefix = adapter.path + "/"
-        let wanted = address.uppercased()
-        for device in await objects.snapshot.all(implementing: BlueZInterface.device)
-        where device.path.hasPrefix(prefix) && device.properties["Address"]?.string?.uppercased() == wanted {
-            return BlueZDevice(path: device.path, cache: objects)
+        guard let path = Self.devicePath(address: address, adapter: adapter, in: await objects.snapshot) else {
+            return nil
         }
-        let byPath = self.device(address: address, on: adapter)
-        return await byPath.properties() == nil ? nil : byPath
+        return BlueZDevice(path: path, cache: objects)
     }
 
     /// The single shared discovery of `adapter` for the Sync service.
@@ -73,14 +72,27 @@ public final class BlueZClient: Sendable {
         }
     }
 
-    /// Runs discovery until a device with `address` appears on `adapter`.
+    /// The path of the device whose `Address` is `address` (identity address once bonded), else the path
+    /// built from the address if that object exists. The one lookup rule for every device access.
+    static func devicePath(address: String, adapter: BlueZAdapter, in objects: BlueZObjects) -> String? {
+        let prefix = adapter.path + "/"
+        let wanted = address.uppercased()
+        for device in objects.all(implementing: BlueZInterface.device)
+        where device.path.hasPrefix(prefix) && device.properties["Address"]?.string?.uppercased() == wanted {
+            return device.path
+        }
+        let byPath = adapter.devicePath(forAddress: address)
+        return objects.properties(byPath, BlueZInterface.device) == nil ? nil : byPath
+    }
+
+    /// Runs discovery until a device with `address` (its `Address` property, or the path built from it)
+    /// appears on `adapter`. Returns the device at its actual object path.
     public func discover(address: String, on adapter: BlueZAdapter, timeout: Duration) async throws -> BlueZDevice {
-        let device = self.device(address: address, on: adapter)
-        if await device.properties() != nil { return device }
+        if let known = await knownDevice(address: address, on: adapter) { return known }
         let lease = try await discovery(on: adapter).acquire()
+        let found: String
         do {
-            let path = device.path
-            try await objects.waitUntil(timeout: timeout) { $0.properties(path, BlueZInterface.device) != nil }
+            found = try await objects.waitFor(timeout: timeout) { Self.devicePath(address: address, adapter: adapter, in: $0) }
         } catch {
             await lease.release()
             if let error = error as? BlueZError, error.kind == .timeout {
@@ -91,6 +103,6 @@ public final class BlueZClient: Sendable {
             throw error
         }
         await lease.release()
-        return device
+        return BlueZDevice(path: found, cache: objects)
     }
 }

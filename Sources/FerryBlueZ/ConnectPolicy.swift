@@ -3,7 +3,8 @@ public enum ConnectFailureClass: String, Sendable, Equatable, CaseIterable {
     /// Radio-level hiccup (le-connection-abort-by-local, le-connection-timeout, "Software caused
     /// connection abort", page timeout, our own call timeout...): retry with backoff.
     case transient
-    /// BlueZ holds stale state for the device (InProgress on Connect): disconnect/remove it, retry once.
+    /// BlueZ holds stale state for the device (InProgress on Connect): disconnect it (remove it only when it
+    /// is not bonded), retry once.
     case staleState
     /// Controller out of connection slots ("Limited Resources", concurrent-connection-limit):
     /// back off much longer, other links must end first.
@@ -73,7 +74,7 @@ public enum ConnectFailureClassifier {
 public enum ConnectRecovery: Sendable, Equatable {
     /// Try Connect again after the delay.
     case retry(after: Duration)
-    /// Disconnect the device (and remove it if `remove`), then retry after the delay.
+    /// Disconnect the device (and remove it if `remove`: never for a bonded device), then retry after the delay.
     case resetDeviceThenRetry(remove: Bool, after: Duration)
     /// Run discovery until the device reappears, then retry.
     case rediscoverThenRetry(after: Duration)
@@ -96,7 +97,9 @@ public struct ConnectRetryPolicy: Sendable {
         public var resourceBase: Duration = .seconds(5)
         public var resourceCap: Duration = .seconds(60)
         public var maxResourceAttempts = 5
-        /// InProgress: one reset. The first retry disconnects, a repeat also removes the device.
+        /// InProgress: one reset. The first retry disconnects, a repeat also removes the device — unless it is
+        /// bonded: then only Disconnect and the longer `resourceBase` backoff, and the caller's own backoff after
+        /// giving up (the bond is the operator's; removing it is never Ferry's call).
         public var maxStaleResets = 2
         public var maxRediscoveries = 2
         /// After this long without a failure, the budget starts over.
@@ -124,7 +127,8 @@ public struct ConnectRetryPolicy: Sendable {
         lastFailure = nil
     }
 
-    public mutating func next(after error: BlueZError, now: ContinuousClock.Instant) -> ConnectRecovery {
+    /// `bonded`: BlueZ holds keys for the device (Paired/Bonded), read just before the call.
+    public mutating func next(after error: BlueZError, now: ContinuousClock.Instant, bonded: Bool = false) -> ConnectRecovery {
         if let lastFailure, now - lastFailure >= configuration.forgetAfter { attempts.removeAll() }
         lastFailure = now
         let failureClass = ConnectFailureClassifier.classify(error)
@@ -142,6 +146,9 @@ public struct ConnectRetryPolicy: Sendable {
             return .retry(after: backoff(attempt: n, base: c.resourceBase, cap: c.resourceCap))
         case .staleState:
             guard n <= c.maxStaleResets else { return .giveUp(reason: "stale BlueZ state persists: \(error)") }
+            if bonded {
+                return .resetDeviceThenRetry(remove: false, after: backoff(attempt: n, base: c.resourceBase, cap: c.resourceCap))
+            }
             return .resetDeviceThenRetry(remove: n > 1, after: backoff(attempt: n, base: c.transientBase, cap: c.transientCap))
         case .deviceVanished:
             guard n <= c.maxRediscoveries else { return .giveUp(reason: "device not found again: \(error)") }

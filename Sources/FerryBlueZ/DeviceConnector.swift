@@ -2,6 +2,11 @@ import FerryDBus
 
 /// Drives Device1.Connect through `ConnectRetryPolicy`: it executes the recovery the policy picks
 /// (backoff, disconnect/remove on stale state, rediscovery, waiting for the adapter or bluetoothd).
+///
+/// The device is found by its `Address` property (the identity address once bonded; the object path of a
+/// peripheral first seen on a resolvable private address names that address instead), never by a path built
+/// from the address. A bonded (or paired) device is never removed: its keys are the operator's, and
+/// removing them would let bluetoothd Just-Works-pair with whatever answers at that address next.
 public struct DeviceConnector: Sendable {
     public let client: BlueZClient
     public let adapter: BlueZAdapter
@@ -30,10 +35,7 @@ public struct DeviceConnector: Sendable {
     public func connect(policy: inout ConnectRetryPolicy, connectTimeout: Duration = .seconds(35)) async throws
         -> BlueZDevice
     {
-        var device = client.device(address: address, on: adapter)
-        if await device.properties() == nil {
-            device = try await client.discover(address: address, on: adapter, timeout: waitTimeout)
-        }
+        var device = try await client.discover(address: address, on: adapter, timeout: waitTimeout)
         while true {
             try Task.checkCancellation()
             let failure: BlueZError
@@ -44,7 +46,9 @@ public struct DeviceConnector: Sendable {
             } catch let error as BlueZError {
                 failure = error
             }
-            let recovery = policy.next(after: failure, now: now())
+            // Read just before the decision: the policy never chooses RemoveDevice for a bonded device.
+            let bonded = await Self.holdsKeys(device)
+            let recovery = policy.next(after: failure, now: now(), bonded: bonded)
             log?("bluez: connect \(address) failed: \(failure) → \(recovery)")
             switch recovery {
             case .proceed:
@@ -54,11 +58,15 @@ public struct DeviceConnector: Sendable {
                 try await sleep(delay)
             case .resetDeviceThenRetry(let remove, let delay):
                 do { try await device.disconnect() } catch { log?("bluez: disconnect \(address): \(error)") }
-                if remove {
+                // Checked again at the last moment: a pairing may have completed since the decision.
+                let bondedNow = remove ? await Self.holdsKeys(device) : false
+                let removing = remove && !bondedNow
+                if remove && !removing { log?("bluez: \(address) is bonded: not removing it (its keys are the operator's)") }
+                if removing {
                     do { try await adapter.removeDevice(device.path) } catch { log?("bluez: remove \(address): \(error)") }
                 }
                 try await sleep(delay)
-                if remove { device = try await client.discover(address: address, on: adapter, timeout: waitTimeout) }
+                if removing { device = try await client.discover(address: address, on: adapter, timeout: waitTimeout) }
             case .rediscoverThenRetry(let delay):
                 try await sleep(delay)
                 device = try await client.discover(address: address, on: adapter, timeout: waitTimeout)
@@ -80,5 +88,11 @@ public struct DeviceConnector: Sendable {
                 throw BlueZError(kind: failure.kind, name: failure.name, message: reason)
             }
         }
+    }
+
+    /// Paired or Bonded: BlueZ holds keys for the device (or is about to).
+    static func holdsKeys(_ device: BlueZDevice) async -> Bool {
+        let properties = await device.properties()
+        return BlueZDevice.hasBond(properties) || properties?["Paired"]?.bool == true
     }
 }

@@ -34,6 +34,9 @@ public enum FerryCommandLine {
             name: "sync", summary: "One sync with one peripheral over BlueZ, until it is caught up",
             help: SyncCommand.help, run: SyncCommand.run),
         Subcommand(
+            name: "scan", summary: "List the Sync peripherals in range: address, type, RSSI, name, paired or not",
+            help: ScanCommand.help, run: ScanCommand.run),
+        Subcommand(
             name: "pair", summary: "Pair with a peripheral (bond, Trusted, Sync service checked) and trust it",
             help: PairCommand.help, run: PairCommand.run),
         Subcommand(
@@ -125,17 +128,20 @@ public enum FerryCommandLine {
         return address
     }
 
-    /// Opens the store with errors that name the file and the problem.
-    static func openStore(_ path: String, create: Bool) throws -> GatewayStore {
-        if !create {
+    /// Opens the store with errors that name the file and the problem. `readOnly`: the commands that only look
+    /// (status, peripherals, outbox list) never migrate or write a store, so they work next to a running daemon
+    /// and on a copy without changing it.
+    static func openStore(_ path: String, create: Bool, readOnly: Bool = false) throws -> GatewayStore {
+        if !create || readOnly {
             var info = stat()
             guard stat(path, &info) == 0 else { throw CommandFailure("no database at \(path)") }
             // An empty file would otherwise be turned into a fresh store by a read-only command.
             guard info.st_size > 0 else { throw CommandFailure("\(path) is empty, not a Ferry database") }
         }
         do {
-            return try GatewayStore(path: path, create: create)
+            return readOnly ? try GatewayStore.openReadOnly(path: path) : try GatewayStore(path: path, create: create)
         } catch let error as StoreError {
+            if case .needsMigration = error { throw CommandFailure(error.description) }
             if case .sqlite(let e) = error, e.primaryCode == 14 /* SQLITE_CANTOPEN */ {
                 throw CommandFailure("cannot open database \(path): \(String(cString: strerror(errno)))")
             }

@@ -8,6 +8,7 @@ enum OutboxCommand {
         list   outbox events oldest first; S is PENDING, IN_FLIGHT, COMPLETED or FAILED. --json prints an array
                of {"id","type","status","peripheral","epoch","first_seq","last_seq","frames","retry_count",
                "next_retry_at","created_at","batch_id","last_error"} (seqs as strings, times in unix ms).
+               Read-only: never migrates or writes the store.
         retry  sends FAILED events again: back to PENDING with a fresh retry budget and a new batch (a new
                Idempotency-Key, since the backend may have cached the failed answer under the old one).
         """
@@ -35,7 +36,7 @@ enum OutboxCommand {
             status = s
         }
         let limit = try args.integer("--limit", Int.self, default: 1000, range: 1...10_000_000)
-        let store = try FerryCommandLine.openStore(dbPath, create: false)
+        let store = try FerryCommandLine.openStore(dbPath, create: false, readOnly: true)
         let events: [OutboxEvent]
         do { events = try store.outboxEvents(status: status, limit: limit) } catch {
             throw CommandFailure("database \(dbPath): \(error)")

@@ -54,8 +54,11 @@ enum PairCommand {
         let adapterName = args.values["--adapter"]
         let bus = args.values["--bus"]
         let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .notice)
+        try StoreOwnership.requireCallerOwns(dbPath, command: "pair")
         _ = try FerryCommandLine.openStore(dbPath, create: true)  // a bad store fails before the radio is touched
         let interactive = isatty(0) == 1
+        let progress = ProgressLine.forStderr(json: args.flags.contains("--json"))
+        defer { progress.clear() }
 
         let result = try AsyncBridge.run(cancelOnSignals: true) {
             try await withDeadline(seconds: timeout, what: "pairing with \(address)") {
@@ -63,7 +66,21 @@ enum PairCommand {
                 let adapter = try await BlueZAccess.poweredAdapter(client, named: adapterName)
                 let store = try FerryCommandLine.openStore(dbPath, create: true)
                 var pairing = PeripheralPairing(client: client, adapter: adapter, log: log)
-                if passkey == nil && interactive { pairing.operatorPrompt = TerminalPrompt.operatorPrompt(for: address) }
+                if passkey == nil && interactive {
+                    let prompt = TerminalPrompt.operatorPrompt(for: address)
+                    // The question must not be drawn over the progress line.
+                    pairing.operatorPrompt = .init(
+                        enterPasskey: { progress.clear(); return await prompt.enterPasskey() },
+                        confirmNumber: { progress.clear(); return await prompt.confirmNumber($0) })
+                }
+                pairing.progress = { step in
+                    switch step {
+                    case .connecting: progress.update("\(address): connecting", force: true)
+                    case .pairing: progress.update("\(address): pairing (answer on the peripheral if it asks)", force: true)
+                    case .verifying: progress.update("\(address): bonded; checking the Sync service over the encrypted link", force: true)
+                    case .disconnecting: progress.update("\(address): disconnecting", force: true)
+                    }
+                }
                 do {
                     return try await pairing.pair(address: address, passkey: passkey, store: store)
                 } catch let error as PairingError {
@@ -71,6 +88,7 @@ enum PairCommand {
                 }
             }
         }
+        progress.clear()
         if args.flags.contains("--json") {
             output.out(
                 JSON.object([
@@ -117,6 +135,7 @@ enum UnpairCommand {
         let dbPath = try args.required("--db", command: "unpair")
         let adapterName = args.values["--adapter"]
         let bus = args.values["--bus"]
+        try StoreOwnership.requireCallerOwns(dbPath, command: "unpair")
         let store = try FerryCommandLine.openStore(dbPath, create: false)
         let removedFromBlueZ = try AsyncBridge.run {
             let client = try await BlueZAccess.client(bus: bus)
@@ -152,6 +171,7 @@ enum PeripheralsCommand {
         The trusted peripherals (paired with `ferry pair`): bond state as BlueZ sees it now, when the last
         session ended and how, the stream cursor, the head last seen in STREAM_INFO, and the backlog
         (head − cursor: events the peripheral held that are not yet stored here, as of the last session).
+        Opens the store read-only: never migrates or writes it.
 
         bond: bonded (BlueZ holds keys) | missing (BlueZ has no key: the bond was lost or removed; `ferry run`
         will not sync it until it is paired again) | unknown (bluetoothd not reachable).
@@ -168,7 +188,7 @@ enum PeripheralsCommand {
         let dbPath = try args.required("--db", command: "peripherals")
         let adapterName = args.values["--adapter"]
         let bus = args.values["--bus"]
-        let store = try FerryCommandLine.openStore(dbPath, create: false)
+        let store = try FerryCommandLine.openStore(dbPath, create: false, readOnly: true)
         struct Row {
             var trusted: TrustedPeripheral
             var state: PeripheralSyncState?

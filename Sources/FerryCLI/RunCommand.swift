@@ -35,6 +35,9 @@ enum RunCommand {
           --log-level L            debug | info | notice | warning | error (default info)
           --bus ADDRESS            D-Bus address of bluetoothd's bus (default: the system bus)
 
+        Under systemd (Type=notify): READY=1 once the store is open and the adapter found, STATUS= with the
+        slots in use and the backlog, and WATCHDOG=1 only while the scheduling loop, the D-Bus connection and
+        the forwarder all make progress (WatchdogSec= then restarts a hung daemon).
         Logs: one line per event on stderr ("ferry[level]: ..."; with syslog priority prefixes under systemd).
         Exit status: 0 stopped by a signal; 1 failure; 2 config or usage error (the message names the key).
         """
@@ -58,16 +61,19 @@ enum RunCommand {
         }
         // The store, its WAL and journal hold every payload: owner-only whatever the caller's umask.
         umask(0o077)
-        let log = DaemonLogSink(minimum: configuration.logLevel, priorityPrefix: ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil)
+        let log = DaemonLogSink.forEnvironment(minimum: configuration.logLevel)
         if let tokenFile = configuration.uplink.tokenFile {
             do { _ = try TokenFile(path: tokenFile).read() } catch { throw CommandFailure("uplink.token_file: \(error)") }
         }
         let bus = args.values["--bus"]
+        let supervision = Supervision.make(configuration, log: log)
         let daemon = GatewayDaemon(
             configuration: configuration, log: log,
             connectBus: {
                 try await DBusConnection.connect(to: bus.map { .address($0) } ?? .system, defaultCallTimeout: .seconds(25))
-            })
+            }, health: supervision?.health)
+        supervision?.start()
+        defer { supervision?.stop() }
 
         // SIGHUP: reload the allowlist from the same file with the same overrides; a bad file keeps the old one.
         signal(SIGHUP, SIG_IGN)
@@ -148,6 +154,11 @@ struct DaemonLogSink: LogSink {
     let minimum: LogLevel
     let priorityPrefix: Bool
 
+    /// Syslog priority prefixes when stderr goes to journald (systemd sets JOURNAL_STREAM), plain lines otherwise.
+    static func forEnvironment(minimum: LogLevel) -> DaemonLogSink {
+        DaemonLogSink(minimum: minimum, priorityPrefix: ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil)
+    }
+
     func log(_ level: LogLevel, _ message: String) {
         guard level >= minimum else { return }
         let line: String
@@ -164,6 +175,27 @@ struct DaemonLogSink: LogSink {
         } else {
             line = "ferry[\(level)]: \(message)\n"
         }
+        ProgressLine.eraseForLogLine()
         StandardOutput.writeAll(2, line)
     }
+}
+
+/// systemd supervision for `ferry run` when `$NOTIFY_SOCKET` is set: the daemon's health plus the thread
+/// that reports it. The watchdog limits follow the config: the forwarder may legitimately wait for one request
+/// as long as `uplink.timeout_seconds`.
+struct Supervision {
+    let health: DaemonHealth
+    let thread: SystemdSupervision
+
+    static func make(_ configuration: DaemonConfiguration, log: any LogSink) -> Supervision? {
+        let notifier = SystemdNotifier.fromEnvironment()
+        guard notifier.isActive else { return nil }
+        var monitor = WatchdogMonitor()
+        monitor.limits[.forwarder] = max(120, Double(configuration.uplink.timeoutSeconds) * 2 + 30)
+        let health = DaemonHealth(monitor: monitor)
+        return Supervision(health: health, thread: SystemdSupervision(notifier: notifier, health: health, log: log))
+    }
+
+    func start() { thread.start() }
+    func stop() { thread.stop() }
 }

@@ -1,4 +1,5 @@
 import FerryStore
+import FerryUplink
 
 enum StatusCommand {
     static let help = """
@@ -6,11 +7,16 @@ enum StatusCommand {
 
         Per stream: peripheral, epoch, cursor (last committed seq) and frames staged; outbox event counts per
         status (PENDING, IN_FLIGHT, COMPLETED, FAILED), the age of the oldest PENDING event, and the store's size
-        on disk (compare with the gateway's disk budget: over it, peripherals are not acknowledged).
+        on disk (compare with the gateway's disk budget: over it, peripherals are not acknowledged), and the
+        uplink as its forwarder (ferry run or ferry forward) last recorded it: online, offline since T (the
+        backend unreachable or failing; nothing is used up while offline), paused for credentials since T
+        (401/403 or an unusable token file), or no forwarder running; with the backlog (PENDING + IN_FLIGHT).
+        Opens the store read-only: never migrates or writes it (an older store is reported, not migrated).
 
         --json prints {"streams":[{"peripheral","epoch","device_epoch","cursor","frames_staged","active"}],
                        "outbox":{"PENDING","IN_FLIGHT","COMPLETED","FAILED"},"oldest_pending_age_seconds",
-                       "disk_bytes"}
+                       "disk_bytes","uplink":{"state","since","detail","pid","backlog"}}
+        (uplink.state: online | offline | paused | not running; since: RFC 3339 or null).
         (epoch and cursor as decimal strings; device_epoch differs from epoch after a counter regression).
         """
 
@@ -18,12 +24,15 @@ enum StatusCommand {
         let args = try ParsedArguments(arguments, command: "status", options: ["--db"], flags: ["--json"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
         let dbPath = try args.required("--db", command: "status")
-        let store = try FerryCommandLine.openStore(dbPath, create: false)
+        let store = try FerryCommandLine.openStore(dbPath, create: false, readOnly: true)
         let streams: [GatewayStore.StreamStatus]
         let counts: [String: Int]
         let oldest: Int64?
         let diskBytes: Int64
+        let uplink: UplinkStateRecord?
+        let now = SystemWallClock().nowMillis()
         do {
+            uplink = try store.uplinkState(now: now)
             diskBytes = try store.diskBytes()
             streams = try store.streams()
             counts = try store.outboxCounts()
@@ -31,7 +40,13 @@ enum StatusCommand {
         } catch {
             throw CommandFailure("database \(dbPath): \(error)")
         }
-        let age = oldest.map { max(0, Double(SystemWallClock().nowMillis() - $0) / 1000) }
+        let age = oldest.map { max(0, Double(now - $0) / 1000) }
+        let backlog = (counts["PENDING"] ?? 0) + (counts["IN_FLIGHT"] ?? 0)
+        // A forwarder that stopped (or died: its lease expired) is "not running", whatever it recorded last.
+        let running = uplink?.running == true
+        let state = running ? (uplink?.state ?? "online") : "not running"
+        let since = running ? uplink?.since.map { UplinkTimestamp(millisecondsSince1970: $0).rfc3339 } : nil
+        let detail = running && state != "online" ? uplink?.detail : nil
         let statuses = ["PENDING", "IN_FLIGHT", "COMPLETED", "FAILED"]
         if args.flags.contains("--json") {
             output.out(
@@ -50,6 +65,14 @@ enum StatusCommand {
                     ("outbox", .object(statuses.map { ($0, .int(counts[$0] ?? 0)) })),
                     ("oldest_pending_age_seconds", age.map { .double(($0 * 1000).rounded() / 1000) } ?? .null),
                     ("disk_bytes", .int(Int(diskBytes))),
+                    (
+                        "uplink",
+                        .object([
+                            ("state", .string(state)), ("since", since.map { .string($0) } ?? .null),
+                            ("detail", detail.map { .string($0) } ?? .null),
+                            ("pid", running ? .int(Int(uplink?.pid ?? 0)) : .null), ("backlog", .int(backlog)),
+                        ])
+                    ),
                 ]).text)
             return 0
         }
@@ -67,6 +90,16 @@ enum StatusCommand {
             output.out("oldest PENDING event: \(Int(age.rounded())) s old")
         }
         output.out("store: \(diskBytes) bytes on disk (with WAL)")
+        switch state {
+        case "not running":
+            output.out("uplink: no forwarder running; backlog \(backlog) events")
+        case "offline":
+            output.out("uplink: offline since \(since ?? "?") (\(detail ?? "no answer")); backlog \(backlog) events")
+        case "paused":
+            output.out("uplink: paused for credentials since \(since ?? "?") (\(detail ?? "?")); backlog \(backlog) events")
+        default:
+            output.out("uplink: \(state) (forwarder pid \(uplink?.pid ?? 0)); backlog \(backlog) events")
+        }
         return 0
     }
 }

@@ -64,11 +64,15 @@ enum SyncCommand {
         var settings = SyncSession.Configuration()
         settings.window = window
         let configuration = settings
+        let progress = ProgressLine.forStderr(json: json)
+        defer { progress.clear() }
         let outcome = try AsyncBridge.run(cancelOnSignals: true) {
             try await sync(
                 address: address, adapterName: adapterName, dbPath: dbPath, bus: bus, timeout: timeout,
-                configuration: configuration, notify: notify, diskBudget: diskBudget, requireBond: requireBond, log: log)
+                configuration: configuration, notify: notify, diskBudget: diskBudget, requireBond: requireBond, log: log,
+                progress: progress)
         }
+        progress.clear()
         let s = outcome.summary
         if json {
             output.out(
@@ -108,7 +112,7 @@ enum SyncCommand {
     static func sync(
         address: PeripheralAddress, adapterName: String?, dbPath: String, bus: String?, timeout: Double,
         configuration: SyncSession.Configuration, notify: GattNotifyMethod, diskBudget: Int64?, requireBond: Bool,
-        log: any LogSink
+        log: any LogSink, progress: ProgressLine = ProgressLine(enabled: false)
     ) async throws -> Outcome {
         let started = ContinuousClock.now
         let deadline = started + .milliseconds(Int64(timeout * 1000))
@@ -118,6 +122,7 @@ enum SyncCommand {
             return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
         }
 
+        progress.update("\(address): connecting", force: true)
         let client = try await BlueZAccess.client(bus: bus)
         let adapter = try await BlueZAccess.poweredAdapter(client, named: adapterName)
         if requireBond {
@@ -151,6 +156,14 @@ enum SyncCommand {
             throw CommandFailure("cannot connect to \(address): \(error)")
         }
         log.log(.info, "connected to \(address)")
+        if requireBond, !(await device.isBonded()) {
+            // Checked again after the connect, before any GATT access: the bond may have vanished meanwhile.
+            try? await device.disconnect()
+            throw CommandFailure(
+                "\(address) is not bonded with this gateway any more (checked after connecting, --require-bond): "
+                    + "nothing synced; re-pair it explicitly with `ferry pair --address \(address)`")
+        }
+        progress.update("\(address): connected, resolving the Sync service", force: true)
 
         let service: BlueZGattService
         do {
@@ -182,7 +195,12 @@ enum SyncCommand {
             continuation.yield(.stop)
         }
         await withTaskCancellationHandler {
-            await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation)
+            await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation) { runner in
+                let s = runner.summary
+                progress.update(
+                    "\(address): syncing \(s.cursor)" + (runner.machine.knownHead.map { " of ~\($0)" } ?? "")
+                        + " (\(s.framesStored) frames stored)")
+            }
         } onCancel: {
             continuation.yield(.stop)
         }
@@ -190,10 +208,12 @@ enum SyncCommand {
         continuation.finish()
         let reason = runner.summary.disconnectReason ?? "link lost"
         let result: String
-        switch reason {
-        case "caughtUp": result = "caught up"
-        case "shutdown": result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
-        case "noResponse": result = "no response from the peripheral after 3 SYNC_REQs"
+        switch runner.summary.end {
+        case .disconnected(.caughtUp): result = "caught up"
+        case .disconnected(.shutdown): result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
+        case .disconnected(.noResponse): result = "no response from the peripheral after 3 SYNC_REQs"
+        case .disconnected(.noProgress):
+            result = "no progress: no new frame for \(Int(configuration.noProgressTimeout)) s (committed frames are kept; run again)"
         default:
             // The DATA socket's end of file can beat the bus's NameOwnerChanged: ask the bus itself, after a
             // moment for it to notice a dead bluetoothd (seen in the test bed: ferry exited 1.8 s after a

@@ -99,7 +99,8 @@ public final class BlueZSyncTransport: SyncTransport {
 public enum LiveSessionDriver {
     public static func run(
         runner: SyncSessionRunner, events: AsyncStream<LinkEvent>, continuation: AsyncStream<LinkEvent>.Continuation,
-        clock: any MonotonicClock = SystemMonotonicClock()
+        clock: any MonotonicClock = SystemMonotonicClock(),
+        afterEvent: (SyncSessionRunner) -> Void = { _ in }  // a progress display; runs in this task, between events
     ) async {
         await runner.start()
         // The session can end during start (STREAM_INFO unreadable, subscribe refused): then no event will
@@ -134,6 +135,7 @@ public enum LiveSessionDriver {
                 await runner.timerFired()
             case .stop: await runner.stop()
             }
+            afterEvent(runner)
             if runner.finished { break }
             rearm()
         }

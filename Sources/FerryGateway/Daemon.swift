@@ -22,6 +22,8 @@ public actor GatewayDaemon {
     private let log: any LogSink
     private let clock: any MonotonicClock
     private let connectBus: @Sendable () async throws -> DBusConnection
+    /// Heartbeats, readiness and the status line for systemd (`SystemdSupervision`); see Watchdog.swift.
+    private let health: DaemonHealth?
     private var scheduler: SyncScheduler
     private var sessions: [PeripheralAddress: ActiveSession] = [:]
     private var stopping = false
@@ -30,6 +32,10 @@ public actor GatewayDaemon {
     private var trusted: Set<PeripheralAddress> = []
     private var trustedReadAt = -Double.infinity
     private var registry: GatewayStore?
+    /// Storage pressure (issue 12): the watch task closes this gate while the store is over budget or the disk
+    /// is full; `effectiveDiskBudget` is the config's or the default (`GatewayStore.defaultDiskBudget`).
+    private let storageSignals = StorageSignals()
+    private var effectiveDiskBudget: Int64?
     /// Why a candidate is not being synced (not bonded...), so each refusal is logged once, not every loop.
     private var refusals: [PeripheralAddress: String] = [:]
     /// Totals since start, for the exit summary.
@@ -46,6 +52,8 @@ public actor GatewayDaemon {
 
     struct ActiveSession {
         let task: Task<Void, Never>
+        /// The session stays connected for live events (holds its slot while the link lasts).
+        var staysConnected = false
         /// Set once the session has a live link; `.stop` goes there.
         var control: AsyncStream<LinkEvent>.Continuation?
     }
@@ -55,8 +63,10 @@ public actor GatewayDaemon {
         configuration: DaemonConfiguration, log: any LogSink, clock: any MonotonicClock = SystemMonotonicClock(),
         connectBus: @escaping @Sendable () async throws -> DBusConnection = {
             try await DBusConnection.connect(to: .system, defaultCallTimeout: .seconds(25))
-        }
+        },
+        health: DaemonHealth? = nil
     ) {
+        self.health = health
         self.configuration = configuration
         self.log = log
         self.clock = clock
@@ -96,6 +106,8 @@ public actor GatewayDaemon {
     public func run() async throws {
         let dbPath = configuration.databasePath
         registry = try GatewayStore(path: dbPath, create: true)  // create/migrate once, before any radio work
+        try registry?.verifyIntegrity()  // quick_check: a damaged store stops the start with the next step
+        let storageWatch = startStorageWatch(databasePath: dbPath)
         refreshTrusted(force: true)
         let forwarder = try startForwarder(databasePath: dbPath)
         log.log(
@@ -118,6 +130,8 @@ public actor GatewayDaemon {
             Task { await self.beginStop() }
         }
         await shutdown(forwarder: forwarder)
+        storageWatch.cancel()
+        await storageWatch.value
     }
 
     private func beginStop() {
@@ -137,7 +151,10 @@ public actor GatewayDaemon {
         beginStop()
         let deadline = clock.now() + configuration.shutdownGraceSeconds
         while !sessions.isEmpty && clock.now() < deadline {
-            try? await Task.sleep(nanoseconds: 50_000_000)
+            // This runs in the cancelled task (SIGTERM cancels `run`), where Task.sleep returns at once: it
+            // busy-spun a core until the sessions ended. An unstructured task does not inherit the
+            // cancellation, so this really waits.
+            await Task { try? await Task.sleep(nanoseconds: 50_000_000) }.value
         }
         if !sessions.isEmpty {
             log.log(
@@ -146,6 +163,7 @@ public actor GatewayDaemon {
                     + "their uncommitted frames were not acknowledged and will be replayed")
             for session in sessions.values { session.task.cancel() }
         }
+        health?.forget(.forwarder)
         forwarder?.cancel()
         await forwarder?.value
         let t = totals
@@ -168,8 +186,14 @@ public actor GatewayDaemon {
             if message != lastWarning { log.log(.warning, message) }
             lastWarning = message
         }
+        var lastBusProbe = -Double.infinity
         while !stopping && !Task.isCancelled {
             let now = clock.now()
+            health?.beat(.scheduler)
+            if let client, now - lastBusProbe >= 10 {
+                lastBusProbe = now
+                probeBus(client)
+            }
             if client == nil {
                 do {
                     client = try await BlueZClient(connection: try await connectBus(), log: { [log] in log.log(.debug, $0) })
@@ -182,6 +206,7 @@ public actor GatewayDaemon {
                 do {
                     adapter = try await client.adapter(named: configuration.adapter)
                     log.log(.info, "using adapter \(adapter!.name)")
+                    health?.markReady()  // the store is open (run() opened it first) and the adapter is found
                     lastWarning = ""
                 } catch {
                     warnOnce("waiting for a Bluetooth adapter: \(error)")
@@ -207,7 +232,7 @@ public actor GatewayDaemon {
                     }
                     refreshTrusted(force: false)
                     await refreshCandidates(client: client, adapter: adapter)
-                    for address in scheduler.due(now: now) {
+                    for address in storageSignals.sessionsAllowed ? scheduler.due(now: now) : [] {
                         guard let policy = configuration.policy(for: address, trusted: trusted) else { continue }
                         if let refusal = await bondRefusal(address, client: client, adapter: adapter) {
                             refuse(address, refusal)
@@ -220,11 +245,46 @@ public actor GatewayDaemon {
                     }
                 }
             }
+            publishStatus(adapter: adapter?.name)
             // Polling keeps the loop simple and obviously bounded; 250 ms is invisible next to a connect (≥ 0.3 s).
             try? await Task.sleep(nanoseconds: 250_000_000)
         }
         await discoveryLease?.release()
         await agent?.unregister()
+    }
+
+    // MARK: supervision
+
+    /// A round trip to the bus daemon through the connection thread: its reply is the D-Bus part's heartbeat
+    /// (an idle connection thread sleeps in poll(), so only a request proves it still turns). Not awaited by
+    /// the loop, so a wedged bus shows up as a stale `dbus` part rather than a stuck scheduler.
+    private func probeBus(_ client: BlueZClient) {
+        guard let health else { return }
+        health.expect(.dbus)
+        let connection = client.connection
+        Task {
+            if (try? await connection.call(
+                destination: "org.freedesktop.DBus", path: "/org/freedesktop/DBus", interface: "org.freedesktop.DBus",
+                member: "GetId", timeout: .seconds(20))) != nil
+            {
+                health.beat(.dbus)
+            }
+        }
+    }
+
+    /// systemd's STATUS= line: slots in use and the known peripheral backlog (as of each one's last session).
+    private func publishStatus(adapter: String?) {
+        guard let health else { return }
+        guard let adapter else {
+            health.setStatus("waiting for a Bluetooth adapter" + (configuration.adapter.map { " (\($0))" } ?? ""))
+            return
+        }
+        let states = scheduler.peripherals.values
+        let backlog = states.reduce(UInt64(0)) { $0 &+ ($1.backlog ?? 0) }
+        let behind = states.filter { ($0.backlog ?? 0) > 0 }.count
+        health.setStatus(
+            "\(sessions.count) of \(configuration.maxConnections) slots in use, \(states.count) peripherals, "
+                + "backlog \(backlog) frames" + (behind > 0 ? " on \(behind)" : "") + ", adapter \(adapter)")
     }
 
     private func refreshCandidates(client: BlueZClient, adapter: BlueZAdapter) async {
@@ -274,6 +334,11 @@ public actor GatewayDaemon {
         guard configuration.requireBond else { return nil }
         let device = await client.knownDevice(address: address.string, on: adapter)
         if let device, await device.isBonded() { return nil }
+        return bondMissing(address)
+    }
+
+    /// The refusal text for a peripheral BlueZ holds no key for (before connecting, or found after connecting).
+    private func bondMissing(_ address: PeripheralAddress) -> String {
         if trusted.contains(address) {
             return "bond lost: paired with this gateway, but BlueZ holds no key for it any more; not syncing it "
                 + "(require_bond). Re-pair explicitly: ferry unpair \(address), clear the bond on the peripheral, "
@@ -319,12 +384,14 @@ public actor GatewayDaemon {
         }
     }
 
-    private func start(_ policy: PeripheralPolicy, client: BlueZClient, adapter: BlueZAdapter) {
+    private func start(_ requested: PeripheralPolicy, client: BlueZClient, adapter: BlueZAdapter) {
+        let policy = slotFairPolicy(requested)
         scheduler.started(policy.address, now: clock.now())
         totals.sessions += 1
         let settings = SessionSettings(
             policy: policy, configuration: configuration.sessionConfiguration, databasePath: configuration.databasePath,
-            connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: configuration.diskBudgetBytes)
+            connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: effectiveDiskBudget,
+            requireBond: configuration.requireBond)
         let log = self.log
         let clock = self.clock
         let task = Task {
@@ -332,7 +399,24 @@ public actor GatewayDaemon {
                 .run(register: { continuation in await self.attach(policy.address, continuation) })
             self.finished(policy.address, result)
         }
-        sessions[policy.address] = ActiveSession(task: task, control: nil)
+        sessions[policy.address] = ActiveSession(task: task, staysConnected: policy.stayConnected, control: nil)
+    }
+
+    /// `policy`, or its sync-and-release form when a stay-connected session now would leave the sync-and-release
+    /// peripherals without a slot (`SyncScheduler.grantsStayConnected`).
+    private func slotFairPolicy(_ policy: PeripheralPolicy) -> PeripheralPolicy {
+        guard policy.stayConnected else { return policy }
+        let granted = SyncScheduler.grantsStayConnected(
+            activeStayConnected: sessions.values.filter(\.staysConnected).count,
+            maxConnections: configuration.maxConnections, candidates: scheduler.peripherals.count)
+        if granted { return policy }
+        log.log(
+            .info,
+            "\(policy.address): stay_connected, but the other stay-connected sessions already hold all but one of "
+                + "\(configuration.maxConnections) slots: syncing it and releasing the slot this time")
+        var released = policy
+        released.stayConnected = false
+        return released
     }
 
     /// A session got its link: from now on a stop is delivered as `.stop`. Returns false if the daemon is
@@ -345,12 +429,17 @@ public actor GatewayDaemon {
     private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
         sessions[address] = nil
         scheduler.finished(address, outcome: result.outcome, now: clock.now())
+        if result.bondMissingAfterConnect {
+            // Refused and reported, never re-paired: pairing is the operator's act (ferry pair).
+            refuse(address, bondMissing(address))
+        }
         switch result.outcome {
         case .caughtUp: totals.caughtUp += 1
         case .failed: totals.failed += 1
         case .interrupted: break
         }
         if let s = result.summary {
+            if s.backpressure { storageSignals.nudge(s.diskFull ? .diskFull : .overBudget) }
             totals.framesStored += s.framesStored
             totals.gaps += s.gapsRecorded
             totals.regressions += s.regressions
@@ -364,6 +453,23 @@ public actor GatewayDaemon {
         }
     }
 
+    /// The storage watch (StoragePressure.swift) with the configured budget, or the default one logged.
+    private func startStorageWatch(databasePath: String) -> Task<Void, Never> {
+        let budget = configuration.diskBudgetBytes ?? GatewayStore.defaultDiskBudget(forStoreAt: databasePath)
+        effectiveDiskBudget = budget
+        log.log(
+            .info,
+            "storage: disk budget \(budget) bytes"
+                + (configuration.diskBudgetBytes == nil
+                    ? " (default: half the room the store had at start, at most 1 GiB; set disk_budget_bytes)" : "")
+                + ", delivered events kept \(String(format: "%g", configuration.retentionHours)) h")
+        let scheduler = self.scheduler
+        let watch = StorageWatch(
+            databasePath: databasePath, budget: budget, signals: storageSignals, log: log, clock: clock,
+            backoff: { scheduler.backoff(afterFailures: $0) })
+        return Task { await watch.run() }
+    }
+
     private func startForwarder(databasePath: String) throws -> Task<Void, Never>? {
         let uplink = configuration.uplink
         guard let endpointText = uplink.endpoint, let endpoint = URL(string: endpointText) else { return nil }
@@ -371,16 +477,26 @@ public actor GatewayDaemon {
         forwarding.maxInFlight = uplink.maxInFlight
         forwarding.limits.maxEvents = uplink.batchEvents
         forwarding.policy.maxRetries = uplink.maxRetries
-        let poster = try UplinkHTTPPoster(
-            configuration: UplinkHTTPConfiguration(
-                endpoint: endpoint, requestTimeoutSeconds: uplink.timeoutSeconds,
-                compression: .whenAdvertised(minimumBytes: 1024), maximumConnections: uplink.maxInFlight))
+        forwarding.retentionSeconds = configuration.retentionHours * 3600
+        forwarding.leaseSeconds = max(120, 4 * Double(uplink.timeoutSeconds))  // outlives any one request
+        var http = UplinkHTTPConfiguration(
+            endpoint: endpoint, requestTimeoutSeconds: uplink.timeoutSeconds,
+            compression: .whenAdvertised(minimumBytes: 1024), maximumConnections: uplink.maxInFlight)
+        (http.caFile, http.clientCertificateFile, http.clientKeyFile) = (uplink.caFile, uplink.clientCert, uplink.clientKey)
+        let poster = try UplinkHTTPPoster(configuration: http)
         let tokenFile = uplink.tokenFile.map { TokenFile(path: $0) }
         let log = self.log
+        if let health {
+            health.expect(.forwarder)
+            forwarding.onProgress = { _ in health.beat(.forwarder) }
+        }
+        let health = self.health
         return Task {
             // The forwarder only ends on a store error; it is restarted so a transient error (disk full,
             // locked file) does not silently stop the uplink for the rest of the daemon's life.
+            var lastError = ""
             while !Task.isCancelled {
+                let started = ContinuousClock.now
                 do {
                     let forwarder = try OutboxForwarder(
                         databasePath: databasePath, poster: poster, configuration: forwarding,
@@ -388,8 +504,13 @@ public actor GatewayDaemon {
                     _ = try await forwarder.run(untilEmpty: false)
                 } catch {
                     if Task.isCancelled { break }
-                    log.log(.error, "uplink: stopped on \(error); restarting in 5 s")
+                    // Said once per cause while it keeps failing at once: another forwarder holding the store's
+                    // lease may do so for hours.
+                    if ContinuousClock.now - started > .seconds(60) { lastError = "" }
+                    if "\(error)" != lastError { log.log(.error, "uplink: stopped on \(error); retrying every 5 s") }
+                    lastError = "\(error)"
                 }
+                health?.beat(.forwarder)  // restarting after an error is progress, not a hang
                 try? await Task.sleep(nanoseconds: 5_000_000_000)
             }
         }
@@ -403,11 +524,15 @@ struct SessionSettings: Sendable {
     var databasePath: String
     var connectTimeout: Double
     var diskBudgetBytes: Int64?
+    var requireBond = true
 }
 
 struct SessionResult: Sendable {
     var outcome: SyncScheduler.Outcome
     var summary: SyncSummary?
+    /// require_bond: the device was connected but BlueZ held no key for it (checked after the connect and
+    /// again before the first GATT access). The session never touched the Sync service.
+    var bondMissingAfterConnect = false
 }
 
 /// One slot's work: connect, run the sync session, report. Everything it logs names the peripheral.
@@ -439,6 +564,9 @@ struct SessionWorker: Sendable {
             if !Task.isCancelled { log.log(.warning, "\(address): connect failed: \(error)") }
             return SessionResult(outcome: Task.isCancelled ? .interrupted(backlog: nil) : .failed)
         }
+        // The bond checked before connecting may be gone now (removed by someone, or a different device
+        // answered at the address): a clear-link GATT access would make bluetoothd pair by itself.
+        if let refused = await refuseUnbonded(device) { return refused }
         let service: BlueZGattService
         do {
             // A late-exported STREAM_INFO is waited for by BlueZSyncTransport.
@@ -454,6 +582,7 @@ struct SessionWorker: Sendable {
             try? await device.disconnect()
             return SessionResult(outcome: .failed)
         }
+        if let refused = await refuseUnbonded(device) { return refused }
         let connectSeconds = clock.now() - started
         let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
         let store: GatewayStore
@@ -489,9 +618,10 @@ struct SessionWorker: Sendable {
         let head = runner.machine.knownHead
         let backlog = head.map { $0 > s.cursor ? $0 - s.cursor : 0 }
         let outcome: SyncScheduler.Outcome
-        switch s.disconnectReason {
-        case "caughtUp": outcome = .caughtUp
-        case "shutdown": outcome = .interrupted(backlog: backlog)
+        switch s.end {
+        case .disconnected(.caughtUp): outcome = .caughtUp
+        // Ended to share the slot, not for a fault of the peripheral: back soon, by backlog priority.
+        case .disconnected(.shutdown), .disconnected(.maxDurationReached): outcome = .interrupted(backlog: backlog)
         case _ where s.backpressure: outcome = .interrupted(backlog: backlog)
         default: outcome = .failed
         }
@@ -508,6 +638,15 @@ struct SessionWorker: Sendable {
                 + (s.backpressure ? "; store over its disk budget (backpressure)" : "")
                 + " [via \(transport.notifyMethod?.rawValue ?? "none")]")
         return SessionResult(outcome: outcome, summary: s)
+    }
+
+    /// Under require_bond: nil if BlueZ holds a bond for the connected `device`; otherwise disconnects it and
+    /// returns the refused session's result (reported by the daemon).
+    private func refuseUnbonded(_ device: BlueZDevice) async -> SessionResult? {
+        guard settings.requireBond, !(await device.isBonded()) else { return nil }
+        log.log(.warning, "\(address): connected, but BlueZ holds no bond for it: disconnecting before any GATT access")
+        try? await device.disconnect()
+        return SessionResult(outcome: .failed, bondMissingAfterConnect: true)
     }
 }
 

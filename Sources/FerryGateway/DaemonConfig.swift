@@ -32,6 +32,10 @@ public struct UplinkSettings: Sendable, Equatable {
     public var batchEvents = 50
     public var timeoutSeconds = 30
     public var maxRetries = 12
+    /// PEM CA bundle for a private backend CA; client certificate and key for mutual TLS (docs/UPLINK.md §6).
+    public var caFile: String?
+    public var clientCert: String?
+    public var clientKey: String?
     public init() {}
 }
 
@@ -55,7 +59,14 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var window: UInt16 = 20
     public var connectTimeoutSeconds: Double = 35
     public var diskBudgetBytes: Int64?
+    /// Delivered (COMPLETED) events and their frames are deleted this long after delivery (storage pressure
+    /// deletes them earlier, oldest first).
+    public var retentionHours: Double = 72
     public var shutdownGraceSeconds: Double = 5
+    /// A session that commits no new frame for this long while it expects more ends (the slot is freed).
+    public var noProgressSeconds: Double = 30
+    /// A sync-and-release session ends after this long (backlog left for the next one, others get the slot).
+    public var maxSessionSeconds: Double = 600
     public var logLevel: LogLevel = .info
     public var uplink = UplinkSettings()
 
@@ -83,6 +94,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var sessionConfiguration: SyncSession.Configuration {
         var c = SyncSession.Configuration()
         c.window = window
+        c.noProgressTimeout = noProgressSeconds
+        c.maxSessionDuration = maxSessionSeconds
         return c
     }
 
@@ -91,10 +104,12 @@ public struct DaemonConfiguration: Sendable, Equatable {
     static let topLevelKeys: Set<String> = [
         "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default", "require_bond",
         "max_connections", "sync_interval_seconds", "backoff_base_seconds", "backoff_cap_seconds", "window",
-        "connect_timeout_seconds", "disk_budget_bytes", "shutdown_grace_seconds", "log_level", "uplink",
+        "connect_timeout_seconds", "disk_budget_bytes", "retention_hours", "shutdown_grace_seconds", "log_level",
+        "uplink", "no_progress_seconds", "max_session_seconds",
     ]
     static let uplinkKeys: Set<String> = [
         "endpoint", "token_file", "gateway_id", "max_in_flight", "batch_events", "timeout_seconds", "max_retries",
+        "ca_file", "client_cert", "client_key",
     ]
 
     /// Parses and validates a config file's bytes. Unknown keys are errors (a typo must not silently fall
@@ -129,7 +144,10 @@ public struct DaemonConfiguration: Sendable, Equatable {
         if let v = try reader.integer("window", 1...65_535) { c.window = UInt16(v) }
         if let v = try reader.number("connect_timeout_seconds", 1...600) { c.connectTimeoutSeconds = v }
         if let v = try reader.integer("disk_budget_bytes", 1_048_576...Int.max) { c.diskBudgetBytes = Int64(v) }
+        if let v = try reader.number("retention_hours", 0...87_600) { c.retentionHours = v }
         if let v = try reader.number("shutdown_grace_seconds", 0.5...60) { c.shutdownGraceSeconds = v }
+        if let v = try reader.number("no_progress_seconds", 5...3600) { c.noProgressSeconds = v }
+        if let v = try reader.number("max_session_seconds", 10...86_400) { c.maxSessionSeconds = v }
         if let v = try reader.string("log_level") {
             guard let level = LogLevel(name: v) else {
                 throw ConfigError(key: "log_level", problem: "must be debug, info, notice, warning or error, got '\(v)'")
@@ -158,6 +176,9 @@ public struct DaemonConfiguration: Sendable, Equatable {
             if let v = try r.integer("batch_events", 1...10_000) { c.uplink.batchEvents = v }
             if let v = try r.integer("timeout_seconds", 1...3600) { c.uplink.timeoutSeconds = v }
             if let v = try r.integer("max_retries", 0...1000) { c.uplink.maxRetries = v }
+            c.uplink.caFile = try r.string("ca_file")
+            c.uplink.clientCert = try r.string("client_cert")
+            c.uplink.clientKey = try r.string("client_key")
         }
         return c
     }

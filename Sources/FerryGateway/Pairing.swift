@@ -42,6 +42,12 @@ public struct PeripheralPairing: Sendable {
     /// Someone to ask while pairing runs (a terminal), for numbers that only exist once it has begun: the
     /// passkey a peripheral displays, the number of a numeric comparison. nil: nobody (a script, a service).
     public var operatorPrompt: OperatorPrompt?
+    /// Told each step as it begins (`ferry pair`'s progress line at a terminal).
+    public var progress: @Sendable (Step) -> Void = { _ in }
+
+    public enum Step: String, Sendable {
+        case connecting, pairing, verifying, disconnecting
+    }
 
     /// Questions for the operator during pairing.
     public struct OperatorPrompt: Sendable {
@@ -69,6 +75,7 @@ public struct PeripheralPairing: Sendable {
     public func pair(address: PeripheralAddress, passkey: UInt32?, store: GatewayStore) async throws -> Result {
         let started = ContinuousClock.now
         let requests = LockedValue<[BlueZAgentRequest]>([])
+        progress(.connecting)
         let device = try await connect(address)
         let log = self.log
         let prompt = operatorPrompt
@@ -105,9 +112,11 @@ public struct PeripheralPairing: Sendable {
             if await device.isBonded() {
                 log.log(.info, "\(address): BlueZ already holds a bond; verifying it (to pair anew: ferry unpair first)")
             } else {
+                progress(.pairing)
                 try await pairAndWaitForBond(device)
                 method = Self.method(from: requests.withLock { $0 })
             }
+            progress(.verifying)
             try await device.setTrusted(true)
             let service = try await verifySyncService(device, address: address)
             // A read over the encrypted link proves the keys work both ways (the peripheral may refuse clear reads).
@@ -125,6 +134,7 @@ public struct PeripheralPairing: Sendable {
         let addressType = await device.addressType() ?? "public"
         let name = await device.name()
         let bonded = await device.isBonded()
+        progress(.disconnecting)
         await disconnectAndWait(device)
         try store.trust(
             TrustedPeripheral(

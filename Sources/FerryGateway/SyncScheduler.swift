@@ -137,6 +137,16 @@ public struct SyncScheduler: Sendable {
         peripherals[address] = state
     }
 
+    /// Whether a stay-connected peripheral may keep its slot this session. A stay-connected session holds a
+    /// slot for as long as its link lasts, so with `stay_connected_default` and at least `maxConnections`
+    /// paired peripherals the others would never get one. Rule: when the candidates do not all fit into the
+    /// slots, stay-connected sessions use at most `maxConnections - 1` of them; a stay-connected peripheral
+    /// beyond that is synced the sync-and-release way this time (it drains and frees the slot), so every
+    /// peripheral still gets synced through the remaining slot and live mode goes to as many as fit.
+    public static func grantsStayConnected(activeStayConnected: Int, maxConnections: Int, candidates: Int) -> Bool {
+        candidates <= maxConnections || activeStayConnected + 1 < maxConnections
+    }
+
     /// Seconds to wait after `failures` consecutive failures (before jitter).
     public func backoff(afterFailures failures: Int) -> Double {
         let exponent = min(max(failures - 1, 0), 30)

@@ -29,9 +29,40 @@ public struct SyncSummary: Sendable, Equatable {
     public var gapsRecorded = 0
     public var regressions = 0
     public var corrupt = 0
-    public var disconnectReason: String?
+    /// How the session ended (nil while it runs).
+    public var end: SessionEnd?
+    /// The end as log text: the machine's reason or the subscribe error; nil for a link loss (as before
+    /// `end` existed, so log lines and callers keep their shape). Decide on `end`, never on this text.
+    public var disconnectReason: String? {
+        switch end {
+        case .disconnected(let reason): return "\(reason)"
+        case .subscribeFailed(let message): return "subscribe failed: \(message)"
+        case .linkLost, nil: return nil
+        }
+    }
     /// The store was over its disk budget: nothing more was committed or acknowledged (backpressure).
     public var backpressure = false
+    /// The backpressure came from SQLITE_FULL: the file system itself had no room for the window.
+    public var diskFull = false
+}
+
+/// How a session ended, typed (the scheduler, `ferry sync` and `peripheral_sync_state` decide on it).
+public enum SessionEnd: Sendable, Equatable {
+    /// The state machine disconnected, for this reason.
+    case disconnected(SyncSession.DisconnectReason)
+    /// The link dropped under the session (peripheral, radio, bluetoothd).
+    case linkLost
+    /// DATA could not be subscribed: the session never started.
+    case subscribeFailed(String)
+
+    /// The kind stored in `peripheral_sync_state.last_result` (a kind, not a message).
+    public var resultKind: String {
+        switch self {
+        case .disconnected(let reason): return SyncResultKind.of("\(reason)")
+        case .linkLost: return "linkLost"
+        case .subscribeFailed: return "subscribeFailed"
+        }
+    }
 }
 
 /// Executes a `SyncSession`'s actions against a transport and the store. One task owns a runner: events
@@ -91,6 +122,11 @@ public final class SyncSessionRunner {
     /// The link dropped (the transport saw EOF or a Disconnected signal).
     public func linkLost() async {
         await execute(machine.disconnected(now: clock.now()))
+        if summary.end == nil {
+            // Recorded like any other end: `ferry peripherals` must not keep showing the previous session's.
+            summary.end = .linkLost
+            recordSessionEnd()
+        }
         finished = true
     }
 
@@ -155,7 +191,8 @@ public final class SyncSessionRunner {
                 // "Notify acquired"). End it now — the SYNC_REQ queued behind this must not go out — and let
                 // the caller back off and retry.
                 log.log(.warning, "\(peripheral): subscribe failed: \(error)")
-                summary.disconnectReason = "subscribe failed: \(error)"
+                summary.end = .subscribeFailed("\(error)")
+                recordSessionEnd()
                 dropQueuedActions = true
                 let flush = machine.disconnected(now: clock.now())
                 await transport.disconnect()
@@ -193,13 +230,23 @@ public final class SyncSessionRunner {
                 return machine.commitFailed(now: now)
             }
             do {
-                let outcome = try store.commit(batch, to: current.key)
+                let outcome = try commitRetryingWhileBusy(batch, to: current.key)
                 lastCommittedCursor = outcome.cursor
                 summary.framesStored += outcome.framesInserted
                 if let gap = outcome.gapRecorded {
                     log.log(.warning, "\(peripheral): gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
                 }
                 return machine.commitFinished(cursor: outcome.cursor, now: clock.now())
+            } catch StoreError.sqlite(let e) where e.isFull {
+                // Same as over budget: nothing acknowledged, so nothing lost; the daemon pauses sessions until
+                // the storage watch has made room.
+                summary.backpressure = true
+                summary.diskFull = true
+                log.log(
+                    .error,
+                    "\(peripheral): disk full (SQLITE_FULL): window not committed, nothing acknowledged; the "
+                        + "peripheral keeps its events (backpressure)")
+                return machine.commitFailed(now: clock.now())
             } catch {
                 log.log(.error, "\(peripheral): commit failed, nothing acknowledged: \(error)")
                 return machine.commitFailed(now: clock.now())
@@ -208,7 +255,21 @@ public final class SyncSessionRunner {
             log.log(.debug, "\(peripheral): caught up at \(cursor)")
             return []
         case .disconnect(let reason):
-            summary.disconnectReason = "\(reason)"
+            summary.end = .disconnected(reason)
+            switch reason {
+            case .noProgress:
+                log.log(
+                    .warning,
+                    "\(peripheral): no new frame committed for \(machine.configuration.noProgressTimeout) s while more "
+                        + "was expected (\(machine.statistics.duplicates) duplicates, "
+                        + "\(machine.decoder.statistics.corruptRuns) corrupt runs so far): ending the session to free the slot")
+            case .maxDurationReached:
+                log.log(
+                    .notice,
+                    "\(peripheral): session reached its maximum length of "
+                        + "\(machine.configuration.maxSessionDuration ?? 0) s: releasing the slot, the rest follows next session")
+            default: break
+            }
             recordSessionEnd()
             await transport.disconnect()
             finished = true
@@ -216,10 +277,33 @@ public final class SyncSessionRunner {
         }
     }
 
+    /// Extra attempts of a commit that found the store locked by another writer. Each attempt waits out
+    /// SQLite's busy timeout (5 s), so together they stay inside the default no-progress bound (30 s).
+    static let busyRetries = 3
+
+    /// `store.commit`, tried again while another connection holds the write lock (a long prune or vacuum on a
+    /// slow SD card outlasts one busy timeout): ending the session for it would drop a healthy link. The
+    /// commit is one transaction and idempotent (frames at or below the stored cursor are skipped), so a
+    /// retry cannot store anything twice.
+    private func commitRetryingWhileBusy(_ batch: CommitBatch, to key: StreamKey) throws -> CommitOutcome {
+        var attempt = 0
+        while true {
+            do {
+                return try store.commit(batch, to: key)
+            } catch StoreError.sqlite(let error) where error.isBusy && attempt < Self.busyRetries {
+                attempt += 1
+                log.log(
+                    .warning,
+                    "\(peripheral): store locked by another writer (\(error.message)); retrying the commit "
+                        + "(\(attempt)/\(Self.busyRetries)), nothing acknowledged meanwhile")
+            }
+        }
+    }
+
     /// How the session ended, for `ferry peripherals`. Information for operators, outside the commit
     /// transaction: losing it in a crash loses nothing the protocol relies on.
     private func recordSessionEnd() {
-        let result = summary.backpressure ? "backpressure" : SyncResultKind.of(summary.disconnectReason ?? "linkLost")
+        let result = summary.backpressure ? "backpressure" : (summary.end ?? .linkLost).resultKind
         do {
             try store.recordSessionEnd(peripheral: peripheral, result: result, epoch: stream?.key.epoch, head: machine.knownHead)
         } catch {

@@ -28,6 +28,16 @@ public struct SyncSession: Sendable {
         public var maxPayloadLength: Int = FrameDecoder.defaultMaxPayloadLength
         /// After catching up: stay subscribed for live events (true) or disconnect to free the slot (false).
         public var stayConnected: Bool = false
+        /// Liveness bound: while the session expects more (not caught up, a gap being resolved...), it ends
+        /// with `.noProgress` when no NEW frame has been committed for this long, whatever else arrives.
+        /// Duplicates, noise and stale replays keep a link busy without moving the cursor; this bound is what
+        /// frees the slot from such a peripheral.
+        public var noProgressTimeout: Double = 30
+        /// Sync-and-release sessions end with `.maxDurationReached` this long after `connected` (nil: no
+        /// limit). A peripheral with a huge backlog, or one that trickles just enough to count as progress,
+        /// must not keep a slot the others need. Not applied to stay-connected sessions (holding the link is
+        /// their purpose).
+        public var maxSessionDuration: Double?
 
         public init() {}
     }
@@ -41,6 +51,11 @@ public struct SyncSession: Sendable {
         case streamInfoUnreadable(String)
         case storeFailed
         case shutdown
+        /// No new frame committed for `noProgressTimeout` while more was expected (a stalled or replaying
+        /// peripheral, noise, or a gap that never resolves).
+        case noProgress
+        /// A sync-and-release session reached `maxSessionDuration`; what is committed was acknowledged.
+        case maxDurationReached
     }
 
     /// The state machine's counters, for summaries and logs.
@@ -117,8 +132,13 @@ public struct SyncSession: Sendable {
     public private(set) var isCaughtUp = false
     /// The seq named by this session's latest SYNC_ACK (nil: none sent yet).
     private var lastAcknowledged: UInt64?
-    /// Set once the owner stops the session (shutdown): no more frames are taken.
+    /// Set once the owner stops the session (shutdown) or a liveness bound ends it: no more frames are taken.
     private var stopping = false
+    /// When the last new frame was committed, or when the session last had no reason to expect one (the
+    /// reference for `noProgressTimeout`).
+    private var lastProgressAt: Double = 0
+    /// `connected`'s time: the reference for `maxSessionDuration`.
+    private var startedAt: Double = 0
 
     public init(configuration: Configuration = Configuration()) {
         self.configuration = configuration
@@ -133,6 +153,8 @@ public struct SyncSession: Sendable {
     public mutating func connected(hasStreamInfo: Bool, now: Double) -> [SyncAction] {
         precondition(phase == .notStarted, "connected twice")
         self.hasStreamInfo = hasStreamInfo
+        startedAt = now
+        lastProgressAt = now
         if hasStreamInfo {
             phase = .awaitingStreamInfo
             return [.readStreamInfo]
@@ -174,6 +196,7 @@ public struct SyncSession: Sendable {
     /// rebased the stream).
     public mutating func cursorLoaded(_ cursor: UInt64, now: Double) -> [SyncAction] {
         guard phase == .awaitingCursor else { return [] }
+        lastProgressAt = now
         committedCursor = cursor
         stagedCursor = cursor
         phase = .streaming
@@ -211,6 +234,7 @@ public struct SyncSession: Sendable {
     /// A chunk of the DATA byte stream (one notification, or one read from the AcquireNotify fd).
     public mutating func bytesReceived(_ bytes: [UInt8], now: Double) -> [SyncAction] {
         guard phase != .closed, phase != .notStarted, !stopping else { return [] }
+        noteTime(now)
         // Idle means no BYTES: a big frame on a small-MTU link spans many notifications and may take longer
         // than the idle timeout; keying idle on whole frames would "resolve a stall" in the middle of it.
         if !bytes.isEmpty { lastDataAt = now }
@@ -226,7 +250,9 @@ public struct SyncSession: Sendable {
     /// The owner's commit of `batch` finished; `cursor` is the store's cursor after it.
     public mutating func commitFinished(cursor: UInt64, now: Double) -> [SyncAction] {
         guard let batch = commitInFlight else { return [] }
+        noteTime(now)
         commitInFlight = nil
+        if cursor > committedCursor { lastProgressAt = now }
         committedCursor = cursor
         statistics.commits += 1
         statistics.committedFrames += batch.frames.count
@@ -281,6 +307,10 @@ public struct SyncSession: Sendable {
     /// The owner's timer reached `nextDeadline` (or any later time).
     public mutating func timerFired(now: Double) -> [SyncAction] {
         guard phase != .closed, phase != .notStarted else { return [] }
+        noteTime(now)
+        if !stopping, let deadline = livenessDeadline, now >= deadline.at {
+            return end(deadline.reason, now: now)
+        }
         var actions: [SyncAction] = []
         if now >= lastDataAt + configuration.idleTimeout {
             actions += handleIdle(now: now)
@@ -307,23 +337,74 @@ public struct SyncSession: Sendable {
 
     /// Graceful stop (SIGTERM): take no more frames, commit and acknowledge what is staged, then disconnect.
     public mutating func stop(now: Double) -> [SyncAction] {
+        end(.shutdown, now: now)
+    }
+
+    /// Ends the session in order: take no more frames, commit and acknowledge what is staged, send a final
+    /// SYNC_ACK of the committed cursor if this session has not acknowledged it yet (PROTOCOL §4 step 7), then
+    /// disconnect with `reason`.
+    private mutating func end(_ reason: DisconnectReason, now: Double) -> [SyncAction] {
         guard phase != .closed else { return [] }
         stopping = true
+        waitingSince = nil
         if commitInFlight != nil {
-            afterCommit = .disconnect(.shutdown)
+            afterCommit = .disconnect(reason)
             return []
         }
         if !staged.isEmpty {
-            afterCommit = .disconnect(.shutdown)
+            afterCommit = .disconnect(reason)
             return commitStaged(acknowledge: true)
         }
-        return close(.shutdown)
+        var actions: [SyncAction] = []
+        if cursorKnown && lastAcknowledged != committedCursor && committedCursor > 0 && reason != .shutdown {
+            // A shutdown keeps its old shape (ACKs follow commits only); a liveness end tells the peripheral
+            // where to resume even when this session committed nothing it acknowledged.
+            statistics.acks += 1
+            lastAcknowledged = committedCursor
+            actions.append(.sendSyncAck(committedCursor))
+        }
+        return actions + close(reason)
+    }
+
+    /// The stored cursor was loaded (the phases before that have nothing to acknowledge).
+    private var cursorKnown: Bool {
+        switch phase {
+        case .streaming, .draining, .awaitingGapInfo: return true
+        case .notStarted, .awaitingStreamInfo, .awaitingCursor, .closed: return false
+        }
+    }
+
+    /// Whether the session is waiting for frames it should get (so the no-progress clock runs). A caught-up
+    /// stay-connected session waits for live events that may never come: that is not a stall.
+    private var progressExpected: Bool {
+        !isCaughtUp || hasMoreExpected || phase != .streaming
+    }
+
+    /// Called at every event: while no progress is expected, the no-progress clock stands at `now`, so it
+    /// measures from the moment the session started expecting frames again.
+    private mutating func noteTime(_ now: Double) {
+        if !progressExpected { lastProgressAt = max(lastProgressAt, now) }
+    }
+
+    /// The earliest liveness bound and what ending there is called (nil: none applies).
+    private var livenessDeadline: (at: Double, reason: DisconnectReason)? {
+        var best: (at: Double, reason: DisconnectReason)?
+        if progressExpected {
+            best = (lastProgressAt + configuration.noProgressTimeout, .noProgress)
+        }
+        if !configuration.stayConnected, let limit = configuration.maxSessionDuration {
+            let at = startedAt + limit
+            if best == nil || at < best!.at { best = (at, .maxDurationReached) }
+        }
+        return best
     }
 
     /// When the owner must call `timerFired` next, if at all.
     public var nextDeadline: Double? {
         guard phase != .closed, phase != .notStarted else { return nil }
         var deadlines: [Double] = []
+        // Once ending (stopping), a liveness bound has nothing left to do: only the commit's answer matters.
+        if !stopping, let liveness = livenessDeadline { deadlines.append(liveness.at) }
         // Only deadlines whose handler would act: a past deadline that changes nothing (e.g. idle while a
         // commit is in flight) would make an owner that re-arms its timer spin until the commit finishes.
         let idleWouldAct =
@@ -349,8 +430,6 @@ public struct SyncSession: Sendable {
         }
         statistics.dataFrames += 1
         lastDataAt = now
-        waitingSince = nil
-        requestAttempts = 0
         switch phase {
         case .streaming:
             break
@@ -371,6 +450,11 @@ public struct SyncSession: Sendable {
             statistics.duplicates += 1
             return []
         case .next:
+            // Only a frame that moves the stream on answers the request: a duplicate, a stale replay or a
+            // frame dropped while draining must not reset the response timer or the attempt count, or a
+            // peripheral that answers every SYNC_REQ with one old frame would hold the session forever.
+            waitingSince = nil
+            requestAttempts = 0
             awaitingReplayDecision = false
             replaysSkippingGap = 0
             return stage(frame)
@@ -383,6 +467,8 @@ public struct SyncSession: Sendable {
                     // Replay after replay skips it: those events are gone. Record the gap and accept.
                     replaysSkippingGap = 0
                     stagedGap = first...last
+                    waitingSince = nil
+                    requestAttempts = 0
                     return stage(frame)
                 }
                 // One skipped replay is not proof: the replay's first notification can be lost in transit

@@ -6,6 +6,10 @@ import FerryGateway
 /// notification, like a connection interval). When nothing is on the air the clock jumps to the earliest of
 /// the runner's deadline, the peripheral's next live event and the stop time, and that event happens. The
 /// step cap turns a state machine that never finishes into a reported outcome instead of a hung test.
+///
+/// Like `LiveSessionDriver`, a session without a deadline WAITS: it is not over. When nothing could ever
+/// happen again (no deadline, nothing on the air, no live event, no stop time) the live daemon would hold the
+/// slot forever, so the outcome is `.hung` — a failure for the caller to see, never a quiet end.
 public enum SessionDriver {
     public struct Limits: Sendable {
         public var maxSteps = 10_000_000
@@ -29,8 +33,9 @@ public enum SessionDriver {
         /// `controlHook` crashed the gateway; the runner was abandoned mid-session.
         case crashed
         case stepCapReached
-        /// Nothing on the air, no deadline, no live event, no stop time: nothing would ever happen again.
-        case quiescent
+        /// Nothing on the air, no deadline, no live event, no stop time: the live driver would wait forever
+        /// and the session would hold its slot (what the field saw with a stalled peripheral).
+        case hung
     }
 
     public struct Outcome: Sendable, Equatable {
@@ -78,7 +83,7 @@ public enum SessionDriver {
             let stopTime = stopped ? nil : limits.stopAt
             let candidates = [runner.nextDeadline, transport.nextLiveEventAt, stopTime].compactMap { $0 }
             guard let next = candidates.min() else {
-                outcome.ending = .quiescent
+                outcome.ending = .hung
                 return outcome
             }
             clock.advance(to: next)
@@ -118,7 +123,7 @@ extension SessionDriver {
             let runner = makeRunner(transport)
             let outcome = await run(runner: runner, transport: transport, clock: clock, limits: limits)
             results.append(SessionResult(outcome: outcome, summary: runner.summary))
-            if outcome.ending == .stepCapReached { break }
+            if outcome.ending == .stepCapReached || outcome.ending == .hung { break }
             if runner.summary.disconnectReason == "caughtUp" && runner.summary.cursor == peripheral.head { break }
             clock.advance(by: backoff)
         }

@@ -56,6 +56,10 @@ public final class SimulatedPeripheral {
         public var unknownTypePerFrame = 0.0
         /// Per DATA frame: 1–8 random bytes are sent in front of it.
         public var noisePerFrame = 0.0
+        /// Once per peripheral: after this many DATA frames on one link the firmware stalls with the link up —
+        /// nothing new is sent, and each SYNC_REQ is answered with one stale duplicate (the requested cursor's
+        /// own frame). The field fault of issue 12. nil: never.
+        public var stallAfterFrames: Int?
 
         public init() {}
         public static let none = Faults()
@@ -133,6 +137,8 @@ public final class SimulatedPeripheral {
         public var evicted = 0
         /// Writes a gateway could not have known were stale (no STREAM_INFO after a wipe or regression).
         public var staleControl = 0
+        /// SYNC_REQs answered by a stalled link with one stale duplicate.
+        public var staleAnswers = 0
     }
 
     /// Bytes at the start of every generated payload: generation (UInt32 BE) and seq (UInt64 BE), so a
@@ -151,6 +157,8 @@ public final class SimulatedPeripheral {
     private let journal: Journal?
     private var link: Link?
     private var nextLinkID = 1
+    /// `faults.stallAfterFrames` fired already (it is a once-per-peripheral fault).
+    private var stallUsed = false
     private var bytesUntilBitFlip: Int
 
     /// Opens the device whose journal is in `directory` (created if absent), or an unjournalled one for
@@ -316,6 +324,13 @@ public final class SimulatedPeripheral {
                 statistics.requestsIgnored += 1
                 return
             }
+            if link.stalled {
+                if let payload = current.payload(of: frame.seq) {
+                    statistics.staleAnswers += 1
+                    link.queue(Frame.data(seq: frame.seq, payload: payload).encoded())
+                }
+                return
+            }
             link.streaming = true
             link.window = Int(window)
             link.ackBase = frame.seq
@@ -446,7 +461,7 @@ public final class SimulatedPeripheral {
 
     /// Sends what the window allows on the current link.
     private func pump() {
-        guard let link, link.subscribed, link.streaming else { return }
+        guard let link, link.subscribed, link.streaming, !link.stalled else { return }
         var burst: [UInt8] = []
         var highest: UInt64 = 0
         while link.nextSeq <= head {
@@ -459,6 +474,12 @@ public final class SimulatedPeripheral {
             appendDataFrame(seq: link.nextSeq, to: &burst)
             highest = link.nextSeq
             link.nextSeq += 1
+            link.framesSent += 1
+            if let stallAfter = faults.stallAfterFrames, !stallUsed, link.framesSent >= stallAfter {
+                stallUsed = true
+                link.stalled = true
+                break
+            }
         }
         guard !burst.isEmpty else { return }
         if highest > current.highestSent {
@@ -591,6 +612,10 @@ final class Link {
     var ackBase: UInt64 = 0
     var nextSeq: UInt64 = 1
     var liveEventAt: Double?
+    /// DATA frames put on the air on this link.
+    var framesSent = 0
+    /// `Faults.stallAfterFrames` hit on this link: nothing new is sent any more.
+    var stalled = false
     private var notifications: [[UInt8]] = []
     private var nextIndex = 0
 

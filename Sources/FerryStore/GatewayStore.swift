@@ -45,45 +45,128 @@ public final class GatewayStore {
         PRAGMA foreign_keys = ON;
         """
 
-    /// Opens or creates the store. `create: false` refuses a missing file (status/list commands).
-    public init(path: String, clock: any WallClock = SystemWallClock(), create: Bool = true) throws {
+    private init(opened database: Database, clock: any WallClock) {
+        self.database = database
+        self.clock = clock
+    }
+
+    /// Opens or creates the store and migrates it to the latest schema. `create: false` refuses a missing file.
+    /// Safe against other processes opening the same file at the same time (see `migrate`).
+    public convenience init(path: String, clock: any WallClock = SystemWallClock(), create: Bool = true) throws {
         let db: Database
         do {
             db = try Database.open(path: path, create: create)
         } catch let e as SQLiteError {
             throw StoreError.sqlite(e)
         }
-        database = db
-        self.clock = clock
         do {
-            // Must precede the first table: only then does the file get incremental auto-vacuum.
-            let version = try db.integer("PRAGMA user_version") ?? 0
             // Version 0 with tables is another application's file (Ferry's first migration sets the version
-            // in the same transaction as its tables): refuse it before WAL or migrations change it.
-            if version == 0, try db.integer("SELECT count(*) FROM sqlite_master") ?? 0 > 0 {
-                throw StoreError.notADatabase(
-                    path: path, detail: "it holds another application's tables (schema version 0), not Ferry's")
-            }
+            // in the same transaction as its tables): refuse it before WAL or migrations change it. Read in one
+            // snapshot, so that a concurrent first open committing in between is not mistaken for a stranger.
+            let (version, tables) = try GatewayStore.versionAndTableCount(db)
+            if version == 0, tables > 0 { throw GatewayStore.foreignFile(path) }
+            // Must precede the first table: only then does the file get incremental auto-vacuum.
             if version == 0 { try db.execute("PRAGMA auto_vacuum = INCREMENTAL") }
             try db.execute(GatewayStore.pragmas)
-            try migrate()
+            try GatewayStore.migrate(db, path: path)
+        } catch let e as SQLiteError where e.primaryCode == SQLITE_CORRUPT {
+            throw StoreError.damaged(path: path, problems: [e.message])
+        } catch let e as SQLiteError where e.primaryCode == SQLITE_NOTADB {
+            throw StoreError.notADatabase(path: path, detail: e.message)
+        } catch let e as SQLiteError {
+            throw StoreError.sqlite(e)
+        }
+        self.init(opened: db, clock: clock)
+    }
+
+    /// Opens an existing store for reading only (`ferry status`, `peripherals`, `outbox list`): no migration,
+    /// no pragma that writes, no file created. A store that is missing, foreign, older or newer than this
+    /// binary's schema is refused with a reason (`StoreError.needsMigration` names the way forward).
+    public static func openReadOnly(path: String, clock: any WallClock = SystemWallClock()) throws -> GatewayStore {
+        let db: Database
+        do {
+            db = try Database.open(path: path, readOnly: true, create: false)
+        } catch let e as SQLiteError {
+            throw StoreError.sqlite(e)
+        }
+        do {
+            let (version, tables) = try versionAndTableCount(db)
+            if version == 0, tables > 0 { throw foreignFile(path) }
+            if version > Schema.latestVersion {
+                throw StoreError.schemaTooNew(found: version, supported: Schema.latestVersion)
+            }
+            if version < Schema.latestVersion {
+                throw StoreError.needsMigration(path: path, found: version, supported: Schema.latestVersion)
+            }
         } catch let e as SQLiteError where e.primaryCode == SQLITE_NOTADB || e.primaryCode == SQLITE_CORRUPT {
             throw StoreError.notADatabase(path: path, detail: e.message)
         } catch let e as SQLiteError {
             throw StoreError.sqlite(e)
         }
+        return GatewayStore(opened: db, clock: clock)
     }
 
-    private func migrate() throws {
-        let current = try database.integer("PRAGMA user_version") ?? 0
-        guard current <= Schema.latestVersion else {
-            throw StoreError.schemaTooNew(found: current, supported: Schema.latestVersion)
-        }
-        for migration in Schema.migrations where migration.version > current {
-            try database.writeTransaction {
-                try database.execute(migration.sql)
-                try database.execute("PRAGMA user_version = \(migration.version)")
+    private static func versionAndTableCount(_ db: Database) throws -> (version: Int64, tables: Int64) {
+        try db.execute("BEGIN")
+        defer { try? db.execute("COMMIT") }
+        let version = try db.integer("PRAGMA user_version") ?? 0
+        let tables = try db.integer("SELECT count(*) FROM sqlite_master") ?? 0
+        return (version, tables)
+    }
+
+    private static func foreignFile(_ path: String) -> StoreError {
+        .notADatabase(path: path, detail: "it holds another application's tables (schema version 0), not Ferry's")
+    }
+
+    /// Each step reads `user_version` INSIDE its BEGIN IMMEDIATE: with two processes opening a new or old store
+    /// at once, the second waits for the first's write lock and then sees the version the first committed,
+    /// instead of re-running a migration it read as pending before the lock (issue 12).
+    private static func migrate(_ database: Database, path: String) throws {
+        while true {
+            let done: Bool = try database.writeTransaction {
+                let current = try database.integer("PRAGMA user_version") ?? 0
+                guard current <= Schema.latestVersion else {
+                    throw StoreError.schemaTooNew(found: current, supported: Schema.latestVersion)
+                }
+                if current == 0, try database.integer("SELECT count(*) FROM sqlite_master") ?? 0 > 0 {
+                    throw foreignFile(path)
+                }
+                guard let next = Schema.migrations.first(where: { $0.version > current }) else { return true }
+                try database.execute(next.sql)
+                try database.execute("PRAGMA user_version = \(next.version)")
+                return false
             }
+            if done { return }
+        }
+    }
+
+    /// `PRAGMA quick_check` (the daemon runs it at start): the problems SQLite reports, empty when the file is
+    /// sound. Checks every page and index entry without the cross-checks of integrity_check, so it stays
+    /// fast enough for a start-up on an SD card.
+    public func quickCheck(maxProblems: Int = 10) throws -> [String] {
+        do {
+            return try quickCheckRows(maxProblems: maxProblems)
+        } catch StoreError.sqlite(let e) where e.primaryCode == SQLITE_CORRUPT || e.primaryCode == SQLITE_NOTADB {
+            return [e.message]  // damage bad enough to stop the check itself
+        }
+    }
+
+    /// Throws `StoreError.damaged` (its description names the next step) when `quickCheck` finds a problem.
+    public func verifyIntegrity() throws {
+        let problems = try quickCheck()
+        if !problems.isEmpty { throw StoreError.damaged(path: database.path, problems: problems) }
+    }
+
+    private func quickCheckRows(maxProblems: Int) throws -> [String] {
+        try store {
+            var problems: [String] = []
+            try database.prepare("PRAGMA quick_check(\(maxProblems))").forEach { row in
+                // One row may hold several newline-separated problems under a "*** in database main ***" header.
+                for line in row.text(0).split(separator: "\n") where line != "ok" && !line.hasPrefix("*** in database") {
+                    problems.append(String(line))
+                }
+            }
+            return problems
         }
     }
 

@@ -32,6 +32,8 @@ public struct ClaimedBatch: Sendable, Equatable {
     public var events: [OutboxEvent]
     /// True when the batch was claimed before (a retry or a zombie): same events, same key.
     public var isRetry: Bool
+    /// The `gateway` field the batch was first sent with (nil: claimed without one).
+    public var gateway: String? = nil
 }
 
 public enum OutboxStatus: String, Sendable, CaseIterable {
@@ -71,7 +73,8 @@ extension GatewayStore {
     /// claimed before (a retry, or a zombie returned to PENDING) its whole batch is claimed again under the
     /// same id, so the retry carries the identical body and key. Otherwise a new batch of the oldest due,
     /// never-claimed events is formed within `limits` and its id persisted on the rows.
-    public func claimBatch(limits: ClaimLimits = ClaimLimits(), now: Int64) throws -> ClaimedBatch? {
+    /// `gateway` is recorded with a new batch and kept for its resends (the batch's stored one wins).
+    public func claimBatch(limits: ClaimLimits = ClaimLimits(), now: Int64, gateway: String? = nil) throws -> ClaimedBatch? {
         try store {
             try database.writeTransaction {
                 let first = try database.cached(
@@ -112,14 +115,25 @@ extension GatewayStore {
                         events.append(event)
                     }
                 }
+                // A batch first claimed before schema 3 has no gateway yet: it keeps the one it gets now.
+                let stored = isRetry
+                    ? try database.text(
+                        "SELECT batch_gateway FROM outbox_events WHERE batch_id = ? AND batch_gateway IS NOT NULL LIMIT 1",
+                        [.text(batchID)])
+                    : nil
+                let batchGateway = stored ?? gateway
                 let claim = try database.cached(
-                    "UPDATE outbox_events SET status = 'IN_FLIGHT', batch_id = ?, claimed_at = ? WHERE id = ?")
+                    "UPDATE outbox_events SET status = 'IN_FLIGHT', batch_id = ?, claimed_at = ?, batch_gateway = ? "
+                        + "WHERE id = ?")
                 for index in events.indices {
-                    try claim.run([.text(batchID), .integer(now), .text(events[index].id)])
+                    try claim.run([
+                        .text(batchID), .integer(now), batchGateway.map { .text($0) } ?? .null, .text(events[index].id),
+                    ])
                     events[index].status = "IN_FLIGHT"
                     events[index].batchID = batchID
                 }
-                return events.isEmpty ? nil : ClaimedBatch(id: batchID, events: events, isRetry: isRetry)
+                return events.isEmpty
+                    ? nil : ClaimedBatch(id: batchID, events: events, isRetry: isRetry, gateway: batchGateway)
             }
         }
     }
@@ -151,8 +165,8 @@ extension GatewayStore {
         }
     }
 
-    /// 2xx: the batch's events are delivered. Also accepted for rows a zombie sweep returned to PENDING in the
-    /// meantime (same key: the backend deduplicated).
+    /// 2xx: the batch's events are delivered. Also accepted for rows released to PENDING in the meantime (their
+    /// forwarder died; same key: the backend deduplicated).
     public func completeBatch(_ batchID: String, now: Int64) throws {
         try store {
             try database.cached(
@@ -183,6 +197,43 @@ extension GatewayStore {
                 return try database.integer(
                     "SELECT count(*) FROM outbox_events WHERE batch_id = ? AND status = 'FAILED'", [.text(batchID)]) ?? 0 > 0
             }
+        }
+    }
+
+    /// Charges one retry to a batch after the fact: it failed with 5xx and another batch got through since
+    /// (a poison batch, issue 11). Failures of the uplink as a whole are never charged. More than `maxRetries`
+    /// charges make the batch's PENDING events FAILED with `error`; an IN_FLIGHT batch keeps its attempt.
+    /// Returns how many events became FAILED.
+    @discardableResult
+    public func chargeRetry(_ batchID: String, maxRetries: Int, error: String) throws -> Int {
+        try store {
+            try database.writeTransaction {
+                // SQLite evaluates every SET expression against the row as it was before the UPDATE.
+                try database.cached(
+                    """
+                    UPDATE outbox_events
+                    SET retry_count = retry_count + 1,
+                        status = CASE WHEN status = 'PENDING' AND retry_count + 1 > ?2 THEN 'FAILED' ELSE status END,
+                        last_error = CASE WHEN status = 'PENDING' AND retry_count + 1 > ?2 THEN ?3 ELSE last_error END
+                    WHERE batch_id = ?1 AND status IN ('PENDING', 'IN_FLIGHT')
+                    """
+                ).run([.text(batchID), .integer(Int64(maxRetries)), .text(error)])
+                return Int(
+                    try database.integer(
+                        "SELECT count(*) FROM outbox_events WHERE batch_id = ? AND status = 'FAILED'", [.text(batchID)])
+                        ?? 0)
+            }
+        }
+    }
+
+    /// The uplink is back: PENDING events parked in a backoff become due now (full speed on first success).
+    @discardableResult
+    public func makePendingDue(now: Int64) throws -> Int {
+        try store {
+            try database.cached(
+                "UPDATE outbox_events SET next_retry_at = ? WHERE status = 'PENDING' AND next_retry_at > ?"
+            ).run([.integer(now), .integer(now)])
+            return database.changes
         }
     }
 
@@ -217,7 +268,7 @@ extension GatewayStore {
     public func retryFailed(id: String?, now: Int64) throws -> Int {
         try store {
             let sql =
-                "UPDATE outbox_events SET status = 'PENDING', retry_count = 0, next_retry_at = ?, batch_id = NULL "
+                "UPDATE outbox_events SET status = 'PENDING', retry_count = 0, next_retry_at = ?, batch_id = NULL, batch_gateway = NULL "
                 + "WHERE status = 'FAILED'" + (id == nil ? "" : " AND id = ?")
             try database.cached(sql).run([.integer(now)] + (id.map { [.text($0)] } ?? []))
             let changed = database.changes
@@ -255,19 +306,25 @@ extension GatewayStore {
         try store { try database.integer("SELECT min(next_retry_at) FROM outbox_events WHERE status = 'PENDING'") }
     }
 
-    /// Deletes COMPLETED events completed before `before`, with their frames, in transactions of `chunk`
-    /// events. FAILED events are never pruned. Returns (events, frames) deleted.
+    /// Deletes COMPLETED events completed before `before`, oldest first, with their frames, in transactions of
+    /// `chunk` events, at most `maxEvents` in all (storage pressure frees space a chunk at a time). FAILED events
+    /// are never pruned. Returns (events, frames) deleted. Chunks are small (100 events, ~2000 frames) so that a
+    /// session's commit never waits long for the write lock on a slow SD card (busy timeout 5 s).
     @discardableResult
-    public func pruneCompleted(before: Int64, chunk: Int = 500) throws -> (events: Int, frames: Int) {
+    public func pruneCompleted(before: Int64, chunk: Int = 100, maxEvents: Int = Int.max) throws -> (events: Int, frames: Int) {
         try store {
             var totalEvents = 0
             var totalFrames = 0
-            while true {
+            while totalEvents < maxEvents {
+                let limit = min(chunk, maxEvents - totalEvents)
                 let deleted: (Int, Int) = try database.writeTransaction {
                     var ids: [String] = []
                     try database.cached(
-                        "SELECT id FROM outbox_events WHERE status = 'COMPLETED' AND completed_at < ? LIMIT ?"
-                    ).forEach([.integer(before), .integer(Int64(chunk))]) { ids.append($0.text(0)) }
+                        """
+                        SELECT id FROM outbox_events WHERE status = 'COMPLETED' AND completed_at < ?
+                        ORDER BY completed_at LIMIT ?
+                        """
+                    ).forEach([.integer(before), .integer(Int64(limit))]) { ids.append($0.text(0)) }
                     var frames = 0
                     for id in ids {
                         try database.cached(
@@ -286,7 +343,7 @@ extension GatewayStore {
                 }
                 totalEvents += deleted.0
                 totalFrames += deleted.1
-                if deleted.0 < chunk { break }
+                if deleted.0 < limit { break }
             }
             return (totalEvents, totalFrames)
         }

@@ -1,5 +1,6 @@
 /// Versioned schema migrations, tracked with `PRAGMA user_version`. Each migration runs in its own
-/// transaction; a database newer than this binary is refused rather than guessed at.
+/// transaction, which also reads the version (concurrent first opens); a database newer than this binary is
+/// refused rather than guessed at.
 ///
 /// Table and column names are a contract: operators query the file directly (PROTOCOL §5).
 enum Schema {
@@ -75,6 +76,29 @@ enum Schema {
             );
             """
         ),
+        (
+            3,
+            """
+            -- The uplink (issue 11). The `gateway` field a batch was first sent with: a resend is byte-identical
+            -- whatever the host name or --gateway-id became since (a backend answers 422 to the same
+            -- Idempotency-Key with another body).
+            ALTER TABLE outbox_events ADD COLUMN batch_gateway TEXT;
+
+            -- One forwarder per store: the row's owner may claim batches until expires_at. A second forwarder
+            -- refuses while the owner lives; IN_FLIGHT rows go back to PENDING only when their owner is gone.
+            -- The owner also records the uplink's state for `ferry status`.
+            CREATE TABLE uplink_forwarder (
+                id          INTEGER PRIMARY KEY CHECK (id = 1),
+                owner       TEXT    NOT NULL,     -- random id of one forwarder instance
+                pid         INTEGER NOT NULL,
+                boot_id     TEXT    NOT NULL,     -- /proc/sys/kernel/random/boot_id: a pid means nothing after a reboot
+                expires_at  INTEGER NOT NULL,     -- unix milliseconds; renewed while it runs
+                state       TEXT    NOT NULL DEFAULT 'online',  -- online | offline | paused
+                state_since INTEGER,              -- unix milliseconds
+                detail      TEXT                  -- why offline or paused
+            );
+            """
+        ),
     ]
 
     static var latestVersion: Int64 { migrations.last!.version }
@@ -89,6 +113,10 @@ public enum StoreError: Error, CustomStringConvertible, Sendable {
     /// A commit found a stored cursor that does not continue into the batch (another writer, or a bug).
     case cursorMismatch(stored: UInt64, batchStartsAt: UInt64)
     case unknownOutboxEvent(String)
+    /// A read-only open found an older schema: a writing command has to migrate it first.
+    case needsMigration(path: String, found: Int64, supported: Int64)
+    /// `PRAGMA quick_check` found damage (daemon start).
+    case damaged(path: String, problems: [String])
 
     public var description: String {
         switch self {
@@ -99,6 +127,14 @@ public enum StoreError: Error, CustomStringConvertible, Sendable {
         case .cursorMismatch(let stored, let start):
             "stored cursor \(stored) does not continue into a batch starting at \(start); nothing was written"
         case .unknownOutboxEvent(let id): "no outbox event with id \(id)"
+        case .needsMigration(let path, let found, let supported):
+            "\(path) has schema version \(found), this ferry uses \(supported); read-only commands do not migrate: "
+                + "run `ferry run` (or ferry ingest/sync/forward) once to migrate it"
+        case .damaged(let path, let problems):
+            "\(path) is damaged (quick_check: \(problems.first ?? "?")"
+                + (problems.count > 1 ? "; and \(problems.count - 1) more" : "") + "); next step: move the file "
+                + "aside (keep it: `sqlite3 FILE .recover` may salvage undelivered rows) and start ferry again, which "
+                + "creates a fresh store; peripherals still hold every event they were not acknowledged for"
         }
     }
 }

@@ -16,17 +16,37 @@ public struct ForwarderConfiguration: Sendable {
     /// Batches on the wire at once. Order upstream is not a promise; the backend dedupes by key and frame.
     public var maxInFlight = 4
     public var policy = UplinkRetryPolicy()
-    /// IN_FLIGHT rows claimed longer ago than this are zombies (a forwarder that died) and go back to PENDING.
-    public var lockTimeoutSeconds: Double = 300
+    /// The store's forwarder lease lasts this long without renewal (renewed every quarter of it). A second
+    /// forwarder on the same store refuses while the holder lives; IN_FLIGHT rows go back to PENDING only when
+    /// their owner is gone. Longer than a request may take, so a slow request never outlives it.
+    public var leaseSeconds: Double = 120
     /// COMPLETED events and their frames are pruned this long after delivery (PROTOCOL §6: 72 h).
     public var retentionSeconds: Double = 72 * 3600
-    /// How often housekeeping (zombies, pruning, incremental vacuum) runs while idle.
+    /// How often housekeeping (pruning, incremental vacuum) runs while idle.
     public var housekeepingIntervalSeconds: Double = 60
     /// Longest sleep when nothing is due (new events are committed by another process).
     public var idlePollSeconds: Double = 1
+    /// Called once per loop iteration (a batch settled or an idle poll) with the report so far: the daemon's
+    /// watchdog heartbeat, `ferry forward`'s progress line.
+    public var onProgress: (@Sendable (ForwardReport) -> Void)?
 
     public init(gatewayID: String) {
         self.gatewayID = gatewayID
+    }
+}
+
+public enum ForwarderError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// Another live forwarder (`ferry run` or `ferry forward`) drains this store.
+    case anotherForwarder(pid: Int64)
+    /// This forwarder's lease expired and another forwarder took it: stop before posting beside it.
+    case leaseLost
+
+    public var description: String {
+        switch self {
+        case .anotherForwarder(let pid):
+            return "another forwarder (pid \(pid): ferry run or ferry forward) is draining this store; stop it first"
+        case .leaseLost: return "the store's forwarder lease was taken over by another forwarder"
+        }
     }
 }
 
@@ -38,6 +58,8 @@ public struct ForwardReport: Sendable, Equatable {
     public var attempts = 0
     public var retries = 0
     public var pauses = 0
+    /// Times the uplink as a whole went offline (two batches in a row failed temporarily).
+    public var offlinePeriods = 0
     public var eventsFailed = 0
     public var bytesSent = 0
     /// Events still FAILED in the store when the run ended (this run's or older ones).
@@ -62,6 +84,15 @@ public actor OutboxForwarder {
     private var pausedUntil: Int64 = 0
     private var random = SystemRandomNumberGenerator()
     private var lastHousekeeping: Int64 = 0
+    private var health: UplinkHealth
+    /// Schedules run on a monotonic clock (milliseconds since the forwarder was made): a wall clock stepped
+    /// by NTP must not stall or rush the uplink. The wall clock only stamps rows.
+    private let origin = ContinuousClock.now
+    private let owner = UUID().uuidString.lowercased()
+    private var lastRenewal: Int64 = 0
+    private var lastWall: Int64 = 0
+    private var lastMono: Int64 = 0
+    private var recordedState = "online"
     public private(set) var report = ForwardReport()
 
     /// `tokenSource` is called before the first request and again after every 401/403 pause (the operator
@@ -77,50 +108,125 @@ public actor OutboxForwarder {
         self.tokenSource = tokenSource
         self.log = log
         self.wallClock = wallClock
+        health = UplinkHealth(policy: configuration.policy)
+    }
+
+    /// The uplink-wide state (online, suspect, offline), for tests and status.
+    public var healthState: UplinkHealth.State { health.state }
+
+    private func mono() -> Int64 {
+        let elapsed = ContinuousClock.now - origin
+        return elapsed.components.seconds &* 1000 &+ elapsed.components.attoseconds / 1_000_000_000_000_000
     }
 
     /// Runs until cancelled, or with `untilEmpty` until no PENDING or IN_FLIGHT event remains (sleeping through
-    /// backoff). Returns what it did; `failedInStore > 0` means some events are dead-lettered.
+    /// backoff). Returns what it did; `failedInStore > 0` means some events are dead-lettered. Throws
+    /// `ForwarderError.anotherForwarder` when another live forwarder holds the store's lease.
     public func run(untilEmpty: Bool) async throws -> ForwardReport {
-        let released = try store.releaseInFlight(claimedBefore: nil)
-        if released > 0 {
-            log.log(.notice, "uplink: \(released) IN_FLIGHT events from an earlier run returned to PENDING (same batches)")
+        let ttl = UplinkHealth.millis(configuration.leaseSeconds)
+        switch try store.acquireForwarderLease(
+            owner: owner, pid: Int64(getpid()), bootID: Self.bootID, now: wallClock.nowMillis(), ttlMillis: ttl,
+            isAlive: Self.isAlive)
+        {
+        case .heldBy(let holder):
+            throw ForwarderError.anotherForwarder(pid: holder.pid)
+        case .acquired:
+            // The previous owner is gone (dead, on another boot, expired, or an ended instance in this
+            // process): its IN_FLIGHT rows go back to PENDING, same batches, same keys.
+            let released = try store.releaseInFlight(claimedBefore: nil)
+            if released > 0 {
+                log.log(.notice, "uplink: \(released) IN_FLIGHT events from an earlier run returned to PENDING (same batches)")
+            }
         }
-        try await withThrowingTaskGroup(of: (ClaimedBatch, UplinkAttempt, Int).self) { group in
+        lastRenewal = mono()
+        // Steps of the wall clock while no forwarder ran cannot be measured: no wait may exceed what the
+        // policy can produce.
+        let policy = configuration.policy
+        try store.clampPendingRetries(
+            now: wallClock.nowMillis(),
+            horizonMillis: UplinkHealth.millis(policy.maxRetryAfterSeconds + 2 * policy.maxDelaySeconds + 1))
+        (lastWall, lastMono) = (wallClock.nowMillis(), mono())
+        do {
+            try await forward(untilEmpty: untilEmpty)
+        } catch {
+            try? store.releaseForwarderLease(owner: owner)
+            throw error
+        }
+        try store.releaseForwarderLease(owner: owner)
+        let counts = try store.outboxCounts()
+        report.failedInStore = counts["FAILED"] ?? 0
+        report.pendingInStore = (counts["PENDING"] ?? 0) + (counts["IN_FLIGHT"] ?? 0)
+        return report
+    }
+
+    private func forward(untilEmpty: Bool) async throws {
+        try await withThrowingTaskGroup(of: (ClaimedBatch, UplinkAttempt, Int64).self) { group in
             var inFlight = 0
             while !Task.isCancelled {
-                let now = wallClock.nowMillis()
+                configuration.onProgress?(report)
+                try keepLease()
+                let now = mono()
+                try housekeepingIfDue(now: now)  // also while batches are in flight: a busy uplink must still prune
                 if now >= pausedUntil, tokenLoaded || reloadToken(now: now) {
-                    while inFlight < configuration.maxInFlight, !Task.isCancelled,
-                        let batch = try store.claimBatch(limits: configuration.limits, now: wallClock.nowMillis())
+                    // Online: up to max-in-flight; suspect or offline: one probe batch at a time.
+                    while health.claimsAllowed(now: mono(), inFlight: inFlight, maxInFlight: configuration.maxInFlight) > 0,
+                        !Task.isCancelled,
+                        let batch = try store.claimBatch(
+                            limits: configuration.limits, now: wallClock.nowMillis(), gateway: configuration.gatewayID)
                     {
                         let body = try encode(batch)
                         let token = self.token
                         let poster = self.poster
+                        let sentAt = mono()
                         group.addTask {
-                            (batch, await poster.post(body: body, idempotencyKey: batch.id, token: token), body.count)
+                            (batch, await poster.post(body: body, idempotencyKey: batch.id, token: token), sentAt)
                         }
                         inFlight += 1
                     }
                 }
                 if inFlight > 0 {
-                    guard let (batch, attempt, _) = try await group.next() else { break }
+                    guard let (batch, attempt, sentAt) = try await group.next() else { break }
                     inFlight -= 1
-                    try settle(batch, attempt)
+                    try settle(batch, attempt, sentAt: sentAt)
                     continue
                 }
                 if untilEmpty, try store.undeliveredCount() == 0 { break }
-                try housekeepingIfDue(now: now)
                 try await sleepUntilDue(now: now)
             }
             group.cancelAll()
-            // Batches still on the wire stay IN_FLIGHT; the next run (or the zombie sweep) resends them under
-            // the same key, and the backend dedupes.
+            // Batches still on the wire stay IN_FLIGHT; the next forwarder to take the lease resends them
+            // under the same key, and the backend dedupes.
         }
-        let counts = try store.outboxCounts()
-        report.failedInStore = counts["FAILED"] ?? 0
-        report.pendingInStore = (counts["PENDING"] ?? 0) + (counts["IN_FLIGHT"] ?? 0)
-        return report
+    }
+
+    /// Renews the lease every quarter of its length, and moves the store's retry times along with a wall-clock
+    /// step (measured against the monotonic clock).
+    private func keepLease() throws {
+        let now = mono()
+        let wall = wallClock.nowMillis()
+        let step = (wall &- lastWall) &- (now &- lastMono)
+        (lastWall, lastMono) = (wall, now)
+        if abs(step) > 1000 {
+            let moved = try store.shiftPendingRetries(byMillis: step, after: wall &- step)
+            log.log(.warning, "uplink: the wall clock stepped \(step / 1000) s; \(moved) waiting events keep their remaining wait")
+        }
+        let ttl = UplinkHealth.millis(configuration.leaseSeconds)
+        guard now &- lastRenewal >= ttl / 4 else { return }
+        guard try store.renewForwarderLease(owner: owner, now: wall, ttlMillis: ttl) else {
+            throw ForwarderError.leaseLost
+        }
+        lastRenewal = now
+    }
+
+    static let bootID: String = {
+        let text = (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? ""
+        return text.trimmingCharacters(in: .whitespacesAndNewlines)
+    }()
+
+    /// kill(pid, 0): ESRCH means gone; EPERM means alive under another user.
+    static func isAlive(_ pid: Int64) -> Bool {
+        guard pid > 0, pid <= Int64(Int32.max) else { return false }
+        return kill(pid_t(pid), 0) == 0 || errno == EPERM
     }
 
     /// (Re-)reads the credentials. A token file that cannot be used right now (an operator rewriting it: mode
@@ -138,6 +244,7 @@ public actor OutboxForwarder {
             consecutivePauses += 1
             report.pauses += 1
             pausedUntil = now + Int64(after * 1000)
+            try? record("paused", since: wallClock.nowMillis(), detail: "cannot use the token: \(error)")
             log.log(.error, "uplink: paused \(String(format: "%.0f", after)) s: cannot use the token: \(error)")
             return false
         }
@@ -147,9 +254,14 @@ public actor OutboxForwarder {
         var wait = configuration.idlePollSeconds
         if pausedUntil > now {
             wait = Double(pausedUntil - now) / 1000
-        } else if let due = try store.nextDueAt(), due > now {
-            wait = min(wait, Double(due - now) / 1000)
+        } else if health.resumeAt > now {
+            wait = Double(health.resumeAt - now) / 1000
+        } else if let due = try store.nextDueAt(), due > wallClock.nowMillis() {
+            wait = min(wait, Double(due - wallClock.nowMillis()) / 1000)
         }
+        // Wake at least every quarter lease to renew it, and at most 15 s apart even through a long pause
+        // (Retry-After may say an hour): each wake is a heartbeat for the daemon's watchdog.
+        wait = min(wait, configuration.leaseSeconds / 4, 15)
         try? await Task.sleep(nanoseconds: UInt64(max(0.005, wait) * 1e9))
     }
 
@@ -180,7 +292,9 @@ public actor OutboxForwarder {
             }
             events.append(UplinkEvent(id: event.id, peripheral: event.peripheral, epoch: epoch, content: content))
         }
-        return UplinkBodyEncoder.encode(UplinkBatchBody(gateway: configuration.gatewayID, batch: batch.id, events: events))
+        // The gateway the batch was first sent with: a resend is byte-identical after a host rename.
+        return UplinkBodyEncoder.encode(
+            UplinkBatchBody(gateway: batch.gateway ?? configuration.gatewayID, batch: batch.id, events: events))
     }
 
     private static func stringFields(of json: String) -> [String: String] {
@@ -188,29 +302,30 @@ public actor OutboxForwarder {
         return object.compactMapValues { $0 as? String }
     }
 
-    private func settle(_ batch: ClaimedBatch, _ attempt: UplinkAttempt) throws {
+    private func settle(_ batch: ClaimedBatch, _ attempt: UplinkAttempt, sentAt: Int64) throws {
         report.attempts += 1
         report.bytesSent += attempt.sentBodyBytes
         let retryCount = batch.events.map(\.retryCount).max() ?? 0
+        if case .retry(let reason, let retryAfter) = attempt.outcome {
+            return try settleTemporaryFailure(batch, reason: reason, retryAfter: retryAfter, sentAt: sentAt)
+        }
         let disposition = configuration.policy.disposition(
             after: attempt.outcome, retryCount: retryCount, consecutivePauses: consecutivePauses, random: &random)
-        let now = wallClock.nowMillis()
+        let now = mono()
+        let wall = wallClock.nowMillis()
         let frames = batch.events.reduce(0) { $0 + $1.frameCount }
         switch disposition {
         case .complete:
             consecutivePauses = 0
-            try store.completeBatch(batch.id, now: now)
+            try store.completeBatch(batch.id, now: wall)
+            try apply(health.succeeded(batch: batch.id, now: now), now: now)
+            try record("online", since: wall, detail: nil)
             report.batchesDelivered += 1
             report.eventsDelivered += batch.events.count
             report.framesDelivered += frames
             log.log(.debug, "uplink: batch \(batch.id) delivered (\(batch.events.count) events, \(frames) frames)")
-        case .retry(let after, _):
-            consecutivePauses = 0
-            report.retries += 1
-            try store.retryBatch(
-                batch.id, error: "\(attempt.outcome)", nextRetryAt: now + Int64(after * 1000), countsAsRetry: true,
-                maxRetries: Int(Int32.max))
-            log.log(.info, "uplink: batch \(batch.id) \(attempt.outcome); retry in \(String(format: "%.1f", after)) s")
+        case .retry:
+            break  // a .retry outcome never gets here: settleTemporaryFailure took it
         case .pause(_, let reason) where pausedUntil > now:
             // A batch sent before the pause began got the same answer as the one that started it: that is the
             // same pause. Escalating again per batch would make the pause length depend on --max-in-flight
@@ -218,16 +333,18 @@ public actor OutboxForwarder {
             report.pauses += 1
             tokenLoaded = false
             try store.retryBatch(
-                batch.id, error: "\(reason)", nextRetryAt: pausedUntil, countsAsRetry: false, maxRetries: Int(Int32.max))
+                batch.id, error: "\(reason)", nextRetryAt: wall &+ (pausedUntil &- now), countsAsRetry: false,
+                maxRetries: Int(Int32.max))
             log.log(.info, "uplink: batch \(batch.id) \(reason) too; already paused")
         case .pause(let after, let reason):
             consecutivePauses += 1
             report.pauses += 1
-            pausedUntil = max(pausedUntil, now + Int64(after * 1000))
+            pausedUntil = max(pausedUntil, now &+ UplinkHealth.millis(after))
             tokenLoaded = false  // re-read credentials before the next attempt
             try store.retryBatch(
-                batch.id, error: "\(reason)", nextRetryAt: now + Int64(after * 1000), countsAsRetry: false,
+                batch.id, error: "\(reason)", nextRetryAt: wall &+ UplinkHealth.millis(after), countsAsRetry: false,
                 maxRetries: Int(Int32.max))
+            try record("paused", since: wall, detail: "\(reason)")
             log.log(.warning, "uplink: paused \(String(format: "%.0f", after)) s: \(reason)")
         case .fail(let reason):
             consecutivePauses = 0
@@ -237,12 +354,83 @@ public actor OutboxForwarder {
         }
     }
 
+    /// 408/429/5xx, timeouts and transport errors: never a charged retry while the uplink as a whole fails
+    /// (UplinkHealth); the batch goes back to PENDING uncharged, and a 5xx is charged later only if another
+    /// batch gets through meanwhile.
+    private func settleTemporaryFailure(
+        _ batch: ClaimedBatch, reason: UplinkRetryReason, retryAfter: Double?, sentAt: Int64
+    ) throws {
+        report.retries += 1
+        consecutivePauses = 0  // an answer other than 401/403: the credentials were not the problem
+        let now = mono()
+        let wall = wallClock.nowMillis()
+        let kind: UplinkHealth.Failure
+        switch reason {
+        case .status(let code) where code == 408 || code == 429: kind = .uplink
+        case .status: kind = .chargeable
+        case .timeout, .connection: kind = .uplink
+        }
+        let retryCount = batch.events.map(\.retryCount).max() ?? 0
+        let action = health.failed(
+            batch: batch.id, kind: kind, retryNumber: retryCount + 1, retryAfter: retryAfter, sentAt: sentAt,
+            now: now, random: &random)
+        let due = action.retryAt ?? now
+        try store.retryBatch(
+            batch.id, error: "\(reason)", nextRetryAt: wall &+ (due &- now), countsAsRetry: false,
+            maxRetries: Int(Int32.max))
+        log.log(
+            .info,
+            "uplink: batch \(batch.id) \(reason)\(retryAfter.map { ", Retry-After \($0) s" } ?? ""); "
+                + "again in \(String(format: "%.1f", Double(due - now) / 1000)) s")
+        try apply(action, now: now, reason: reason)
+    }
+
+    private func apply(_ action: UplinkHealth.Action, now: Int64, reason: UplinkRetryReason? = nil) throws {
+        for suspect in action.charge {
+            let error = "retries exhausted: HTTP 5xx for this batch while other batches were accepted"
+            let failed = try store.chargeRetry(suspect, maxRetries: configuration.policy.maxRetries, error: error)
+            if failed > 0 {
+                report.eventsFailed += failed
+                log.log(.error, "uplink: batch \(suspect) FAILED (\(failed) events kept for audit): \(error)")
+            }
+        }
+        switch action.transition {
+        case nil:
+            break
+        case .wentOffline(let since, let nextProbeAt):
+            report.offlinePeriods += 1
+            try record("offline", since: wallClock.nowMillis() &- (now &- since), detail: reason.map { "\($0)" })
+            let backlog = try store.undeliveredCount()
+            log.log(
+                .warning,
+                "uplink: offline (\(reason.map { "\($0)" } ?? "no answer")) for \(String(format: "%.1f", Double(now - since) / 1000)) s; "
+                    + "\(backlog) events wait; probing with one batch at a time, next in "
+                    + "\(String(format: "%.1f", Double(max(0, nextProbeAt - now)) / 1000)) s")
+        case .backOnline(let offlineMillis):
+            try store.makePendingDue(now: wallClock.nowMillis())
+            let backlog = try store.undeliveredCount()
+            log.log(
+                .warning,
+                "uplink: back online after \(String(format: "%.1f", Double(offlineMillis) / 1000)) s offline; "
+                    + "backlog \(backlog) events")
+        }
+    }
+
+    /// The uplink state `ferry status` shows; written on changes only.
+    private func record(_ state: String, since: Int64, detail: String?) throws {
+        guard state != recordedState else { return }
+        recordedState = state
+        try store.recordUplinkState(owner: owner, state: state, since: since, detail: detail)
+    }
+
+    /// No zombie sweep here: with the lease every IN_FLIGHT row belongs to this forwarder (an earlier owner's
+    /// were released when the lease was taken), and releasing one still on the wire would post its key twice
+    /// at once.
     private func housekeepingIfDue(now: Int64) throws {
         guard Double(now - lastHousekeeping) / 1000 >= configuration.housekeepingIntervalSeconds else { return }
         lastHousekeeping = now
-        let zombies = try store.releaseInFlight(claimedBefore: now - Int64(configuration.lockTimeoutSeconds * 1000))
-        if zombies > 0 { log.log(.warning, "uplink: \(zombies) zombie IN_FLIGHT events returned to PENDING") }
-        let pruned = try store.pruneCompleted(before: now - Int64(configuration.retentionSeconds * 1000))
+        let wall = wallClock.nowMillis()
+        let pruned = try store.pruneCompleted(before: wall - UplinkHealth.millis(configuration.retentionSeconds))
         if pruned.events > 0 {
             log.log(.info, "housekeeping: pruned \(pruned.events) delivered events and \(pruned.frames) frames")
             try store.incrementalVacuum()

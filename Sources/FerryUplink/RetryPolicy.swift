@@ -65,17 +65,39 @@ public struct UplinkRetryPolicy: Sendable, Hashable {
             if next > maxRetries {
                 return .fail(reason: "retries exhausted after \(retryCount + 1) attempts; last: \(reason)")
             }
-            let ceiling = backoffCeilingSeconds(retryNumber: next)
-            // 53 random bits → a fraction in [0, 1). Not Double.random(in:using:): its
-            // rejection sampling may ask for more values, and a generator injected by a
-            // test (or a broken one) would make it spin.
-            let fraction = Double(random.next() >> 11) * 0x1p-53
-            let jittered = ceiling * fraction
-            // Retry-After is a floor, not a replacement: the jitter still spreads gateways
-            // that were all told the same instant.
-            let floor = min(retryAfter ?? 0, maxRetryAfterSeconds)
-            return .retry(afterSeconds: max(jittered, floor), retryCount: next)
+            return .retry(afterSeconds: retryDelaySeconds(retryNumber: next, retryAfter: retryAfter, random: &random), retryCount: next)
         }
+    }
+
+    /// The wait before a batch's `retryNumber`-th retry (1-based): full jitter under the backoff ceiling, with
+    /// the server's `Retry-After` (capped) as a floor — the jitter still spreads gateways that were all told
+    /// the same instant.
+    public func retryDelaySeconds<R: RandomNumberGenerator>(
+        retryNumber: Int, retryAfter: Double?, random: inout R
+    ) -> Double {
+        let jittered = backoffCeilingSeconds(retryNumber: retryNumber) * Self.unitFraction(&random)
+        return max(jittered, cappedRetryAfter(retryAfter))
+    }
+
+    /// How long the whole uplink waits before its next probe after `failures` failed probes in a row (1-based):
+    /// the same ceiling as a batch's retry of that number, with "equal jitter" — at least half the ceiling, so
+    /// an offline gateway does not hammer a dead endpoint, and random in the other half, so gateways that
+    /// lost the same backend do not come back in lock-step.
+    public func offlinePauseSeconds<R: RandomNumberGenerator>(failures: Int, random: inout R) -> Double {
+        let ceiling = backoffCeilingSeconds(retryNumber: failures)
+        return ceiling / 2 + ceiling / 2 * Self.unitFraction(&random)
+    }
+
+    /// A `Retry-After` cut to `maxRetryAfterSeconds`; 0 when absent (or NaN, which the parser never returns).
+    public func cappedRetryAfter(_ seconds: Double?) -> Double {
+        guard let seconds, seconds > 0 else { return 0 }
+        return min(seconds, maxRetryAfterSeconds)
+    }
+
+    /// 53 random bits → a fraction in [0, 1). Not Double.random(in:using:): its rejection sampling may ask for
+    /// more values, and a generator injected by a test (or a broken one) would make it spin.
+    private static func unitFraction<R: RandomNumberGenerator>(_ random: inout R) -> Double {
+        Double(random.next() >> 11) * 0x1p-53
     }
 
     private func pow2(_ exponent: Double) -> Double {

@@ -1,18 +1,19 @@
-// POSTs one batch body over FoundationNetworking's URLSession (libcurl underneath)
-// and classifies the result. No retry loop here: the forwarder owns the schedule
-// (retry_count and next_retry_at live in the store so they survive a restart).
+// POSTs one batch body over libcurl (a Debian system library, used directly: issue 11) and classifies the
+// result. No retry loop here: the forwarder owns the schedule (retry_count and next_retry_at live in the store
+// so they survive a restart).
+//
+// Why not URLSession: on Linux it cannot bound a response body (its reader outruns the delegate), has no
+// per-process CA file or client certificate, and after a lost response on a kept-alive connection it resent
+// the request WITHOUT its body and hung until the request timeout — a body-less request that reached the
+// backend under the same Idempotency-Key. libcurl with a copied body resends the whole request at once.
 
+import CCurl
 import Foundation
 import Synchronization
-
-#if canImport(FoundationNetworking)
-    import FoundationNetworking
-#endif
 
 public enum FerryUplinkVersion {
     public static let string = "0.1.0"
 }
-
 /// When request bodies are gzip-compressed.
 public enum UplinkCompression: Sendable, Hashable {
     /// Never compress.
@@ -28,16 +29,24 @@ public enum UplinkCompression: Sendable, Hashable {
 
 public struct UplinkHTTPConfiguration: Sendable {
     public var endpoint: URL
-    /// Whole seconds, at least 1: libcurl's timer in swift-corelibs-foundation truncates
-    /// `timeoutIntervalForRequest` to whole seconds (0.5 would become 0 = no timeout).
+    /// Whole seconds, at least 1: the deadline of one request, connect to last response byte.
     public var requestTimeoutSeconds: Int
     public var userAgent: String
     public var compression: UplinkCompression
-    /// Connections kept open to the backend (libcurl's pool); enough for a few requests in flight.
+    /// Connections kept open to the backend (idle libcurl handles); enough for the requests in flight.
     public var maximumConnections: Int
     /// Plain `http://` is accepted for loopback hosts only unless this is set: the token and the
     /// frames would otherwise cross the network readable by anyone on the path.
     public var allowPlainHTTP: Bool
+    /// Response body bytes kept; the rest is dropped unread (the connection is closed): a broken or hostile
+    /// backend must not exhaust a Pi's memory. Only the first 512 bytes are ever used.
+    public var maximumResponseBytes = 4096
+    /// PEM file of the CA certificates that may sign the backend's certificate, instead of the system's
+    /// bundle (a private CA). nil: the system bundle.
+    public var caFile: String?
+    /// Client certificate (PEM) and its private key (PEM) for a backend that wants mutual TLS.
+    public var clientCertificateFile: String?
+    public var clientKeyFile: String?
 
     public init(
         endpoint: URL, requestTimeoutSeconds: Int = 30, userAgent: String = "ferry/" + FerryUplinkVersion.string,
@@ -56,11 +65,15 @@ public struct UplinkHTTPConfiguration: Sendable {
 public enum UplinkHTTPError: Error, Sendable, Hashable, CustomStringConvertible {
     case invalidEndpoint(String)
     case invalidTimeout(Int)
+    case unreadableFile(option: String, path: String)
+    case libcurl(String)
 
     public var description: String {
         switch self {
         case .invalidEndpoint(let reason): return "uplink endpoint: \(reason)"
         case .invalidTimeout(let seconds): return "uplink request timeout \(seconds) s: must be at least 1 s"
+        case .unreadableFile(let option, let path): return "uplink \(option) \(path): not a readable file"
+        case .libcurl(let detail): return "libcurl: \(detail)"
         }
     }
 }
@@ -78,13 +91,15 @@ public struct UplinkAttempt: Sendable, Hashable {
     public var responseSnippet: String
 }
 
-/// Sends batch bodies. One instance = one URLSession = one pool of kept-alive
-/// connections; share it. Safe to call `post` from several tasks at once.
+/// Sends batch bodies. One instance = one pool of kept-alive connections; share it. Safe to call `post` from
+/// several tasks at once: each request runs on its own thread with its own libcurl handle (libcurl's easy
+/// interface blocks; a handle is never used by two threads at once).
 public final class UplinkHTTPPoster: Sendable {
     public let configuration: UplinkHTTPConfiguration
-    private let session: URLSession
     private let gzipAdvertised = Mutex(false)
     private let wallClock: @Sendable () -> Double
+    private let idle: Mutex<[CurlHandle]>
+    private let url: String
 
     /// `wallClock`: seconds since 1970, used only to resolve an HTTP-date `Retry-After`.
     public init(
@@ -97,8 +112,7 @@ public final class UplinkHTTPPoster: Sendable {
         guard let host = configuration.endpoint.host, !host.isEmpty else {
             throw .invalidEndpoint("no host")
         }
-        let loopback = ["127.0.0.1", "::1", "[::1]", "localhost"].contains(host.lowercased()) || host.hasPrefix("127.")
-        guard scheme == "https" || loopback || configuration.allowPlainHTTP else {
+        guard scheme == "https" || UplinkEndpoint.isLoopback(host: host) || configuration.allowPlainHTTP else {
             throw .invalidEndpoint("plain http to \(host) would send the token and frames unencrypted; use https")
         }
         guard configuration.endpoint.user == nil, configuration.endpoint.password == nil else {
@@ -108,22 +122,18 @@ public final class UplinkHTTPPoster: Sendable {
         guard configuration.requestTimeoutSeconds >= 1 else {
             throw .invalidTimeout(configuration.requestTimeoutSeconds)
         }
+        for (option, path) in [
+            ("ca_file", configuration.caFile), ("client_cert", configuration.clientCertificateFile),
+            ("client_key", configuration.clientKeyFile),
+        ] {
+            guard let path else { continue }
+            guard FileManager.default.isReadableFile(atPath: path) else { throw .unreadableFile(option: option, path: path) }
+        }
+        guard CurlHandle.globalInit == CURLE_OK else { throw .libcurl("curl_global_init failed") }
         self.configuration = configuration
         self.wallClock = wallClock
-        let sessionConfiguration = URLSessionConfiguration.ephemeral
-        // URLRequest.timeoutInterval is ignored on Linux; the session's value is what libcurl gets.
-        sessionConfiguration.timeoutIntervalForRequest = TimeInterval(configuration.requestTimeoutSeconds)
-        sessionConfiguration.timeoutIntervalForResource = TimeInterval(configuration.requestTimeoutSeconds)
-        sessionConfiguration.httpMaximumConnectionsPerHost = configuration.maximumConnections
-        sessionConfiguration.requestCachePolicy = .reloadIgnoringLocalAndRemoteCacheData
-        sessionConfiguration.urlCache = nil
-        sessionConfiguration.httpCookieStorage = nil
-        sessionConfiguration.httpShouldSetCookies = false
-        session = URLSession(configuration: sessionConfiguration, delegate: RedirectRefusal(), delegateQueue: nil)
-    }
-
-    deinit {
-        session.finishTasksAndInvalidate()
+        url = configuration.endpoint.absoluteString
+        idle = Mutex([])
     }
 
     /// Whether the next large body would be gzipped.
@@ -160,97 +170,218 @@ public final class UplinkHTTPPoster: Sendable {
     }
 
     private func send(body: [UInt8], compress: Bool, idempotencyKey: String, token: BearerToken?) async -> UplinkAttempt {
-        var request = URLRequest(url: configuration.endpoint)
-        request.httpMethod = "POST"
         let wireBody = compress ? Gzip.compress(body) : body
-        request.httpBody = Data(wireBody)
-        request.setValue("application/json", forHTTPHeaderField: "Content-Type")
-        request.setValue("application/json", forHTTPHeaderField: "Accept")
-        request.setValue(idempotencyKey, forHTTPHeaderField: "Idempotency-Key")
-        request.setValue(configuration.userAgent, forHTTPHeaderField: "User-Agent")
-        if compress { request.setValue("gzip", forHTTPHeaderField: "Content-Encoding") }
-        if let token { request.setValue(token.authorizationHeaderValue, forHTTPHeaderField: "Authorization") }
-
-        let (data, response, error) = await withCheckedContinuation {
-            (continuation: CheckedContinuation<(Data?, URLResponse?, Error?), Never>) in
-            session.dataTask(with: request) { data, response, error in
-                continuation.resume(returning: (data, response, error))
-            }.resume()
+        var headers = [
+            "Content-Type: application/json", "Accept: application/json", "Idempotency-Key: \(idempotencyKey)",
+            "User-Agent: \(configuration.userAgent)",
+            // No "Expect: 100-continue" round trip before large bodies: the backend answers after the body anyway.
+            "Expect:",
+        ]
+        if compress { headers.append("Content-Encoding: gzip") }
+        if let token { headers.append("Authorization: \(token.authorizationHeaderValue)") }
+        let request = CurlRequest(url: url, headers: headers, body: wireBody, configuration: configuration)
+        let handle = idle.withLock { $0.popLast() }
+        let (response, handleBack) = await withCheckedContinuation {
+            (continuation: CheckedContinuation<(CurlResponse, CurlHandle?), Never>) in
+            // libcurl's easy interface blocks for up to the request timeout: a thread of its own, never a
+            // thread of Swift's cooperative pool.
+            let thread = Thread {
+                let handle = handle ?? CurlHandle()
+                let response = handle.map { $0.perform(request) } ?? CurlResponse(code: CURLE_OUT_OF_MEMORY)
+                continuation.resume(returning: (response, handle))
+            }
+            thread.stackSize = 1 << 20
+            thread.start()
+        }
+        if let handleBack {
+            idle.withLock { pool in
+                if pool.count < max(1, configuration.maximumConnections) { pool.append(handleBack) }
+            }
         }
         var attempt = UplinkAttempt(
             outcome: .retry(.connection("no response"), retryAfterSeconds: nil), status: nil,
             sentBodyBytes: wireBody.count, compressed: compress, elapsedSeconds: 0, responseSnippet: "")
-        if let http = response as? HTTPURLResponse, error == nil {
-            if let accepted = http.value(forHTTPHeaderField: "Accept-Encoding") {
-                let advertised = accepted.lowercased().split(separator: ",").contains {
-                    $0.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "gzip"
-                }
-                gzipAdvertised.withLock { $0 = advertised }
-            }
-            let snippet = String(decoding: (data ?? Data()).prefix(512), as: UTF8.self)
-            attempt.status = http.statusCode
-            attempt.responseSnippet = snippet
-            attempt.outcome = UplinkResponseClassifier.classify(
-                status: http.statusCode, retryAfter: http.value(forHTTPHeaderField: "Retry-After"),
-                location: http.value(forHTTPHeaderField: "Location"), detail: snippet,
-                nowSecondsSince1970: wallClock())
-        } else {
-            attempt.outcome = UplinkTransportErrors.classify(error)
+        guard let status = response.status else {
+            attempt.outcome = UplinkTransportErrors.classify(code: response.code, message: response.message)
+            return attempt
         }
+        if let accepted = response.header("accept-encoding") {
+            let advertised = accepted.lowercased().split(separator: ",").contains {
+                $0.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "gzip"
+            }
+            gzipAdvertised.withLock { $0 = advertised }
+        }
+        let snippet = String(decoding: response.body.prefix(512), as: UTF8.self)
+        attempt.status = status
+        attempt.responseSnippet = snippet
+        attempt.outcome = UplinkResponseClassifier.classify(
+            status: status, retryAfter: response.header("retry-after"), location: response.header("location"),
+            detail: snippet, nowSecondsSince1970: wallClock())
         return attempt
     }
 }
 
-/// Maps URLSession/libcurl failures to outcomes.
+/// Maps libcurl's result codes to outcomes.
 enum UplinkTransportErrors {
-    static func classify(_ error: (any Error)?) -> UplinkOutcome {
-        guard let error else { return .retry(.connection("no response"), retryAfterSeconds: nil) }
-        let nsError = error as NSError
-        let detail = describe(nsError)
-        if nsError.domain == NSURLErrorDomain {
-            switch nsError.code {
-            case NSURLErrorTimedOut:
-                return .retry(.timeout, retryAfterSeconds: nil)
-            case NSURLErrorServerCertificateUntrusted, NSURLErrorServerCertificateHasBadDate,
-                NSURLErrorServerCertificateHasUnknownRoot, NSURLErrorServerCertificateNotYetValid:
-                return .pause(.untrustedCertificate(detail))
-            default:
-                break
-            }
-        }
-        // swift-corelibs-foundation maps most libcurl codes, certificate failures included,
-        // to NSURLErrorUnknown and keeps libcurl's message in the underlying error
-        // ("SSL certificate problem: self-signed certificate", "SSL: no alternative
-        // certificate subject name matches target host name ...").
-        let lowered = detail.lowercased()
-        if lowered.contains("ssl certificate problem") || lowered.contains("certificate subject name")
-            || lowered.contains("ssl peer certificate")
-        {
+    static func classify(code: CURLcode, message: String) -> UplinkOutcome {
+        let detail = message.isEmpty ? String(cString: curl_easy_strerror(code)) : message
+        switch code {
+        case CURLE_OPERATION_TIMEDOUT:
+            return .retry(.timeout, retryAfterSeconds: nil)
+        case CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CACERT_BADFILE, CURLE_SSL_CERTPROBLEM, CURLE_SSL_ISSUER_ERROR,
+            CURLE_SSL_PINNEDPUBKEYNOTMATCH, CURLE_SSL_INVALIDCERTSTATUS:
+            // No retry can fix a certificate; dead-lettering healthy events over configuration would be worse.
             return .pause(.untrustedCertificate(detail))
+        default:
+            return .retry(.connection(detail), retryAfterSeconds: nil)
         }
-        return .retry(.connection(detail), retryAfterSeconds: nil)
-    }
-
-    /// The most specific message available, without the URL (it is in the configuration already).
-    static func describe(_ error: NSError) -> String {
-        if let underlying = error.userInfo[NSUnderlyingErrorKey] as? NSError,
-            let message = underlying.userInfo[NSLocalizedDescriptionKey] as? String
-        {
-            return "\(message) (code \(error.code))"
-        }
-        if let message = error.userInfo[NSLocalizedDescriptionKey] as? String {
-            return "\(message) (code \(error.code))"
-        }
-        return "URL error \(error.code)"
     }
 }
 
-/// Refuses redirects: a 3xx comes back to the poster as a response and pauses the uplink.
-private final class RedirectRefusal: NSObject, URLSessionTaskDelegate, Sendable {
-    func urlSession(
-        _ session: URLSession, task: URLSessionTask, willPerformHTTPRedirection response: HTTPURLResponse,
-        newRequest request: URLRequest, completionHandler: @escaping @Sendable (URLRequest?) -> Void
-    ) {
-        completionHandler(nil)
+/// Everything one request needs, copied so the request thread shares nothing mutable.
+struct CurlRequest: Sendable {
+    var url: String
+    var headers: [String]
+    var body: [UInt8]
+    var configuration: UplinkHTTPConfiguration
+}
+
+struct CurlResponse: Sendable {
+    var code: CURLcode
+    var message = ""
+    /// nil when no complete status line and headers arrived.
+    var status: Int?
+    /// Lower-cased names; the last value of a repeated header wins.
+    var headers: [String: String] = [:]
+    var body: [UInt8] = []
+
+    func header(_ name: String) -> String? { headers[name] }
+}
+
+/// One libcurl easy handle. A reused handle keeps its connection (keep-alive) and DNS cache. Used by one thread
+/// at a time (the pool hands it out), hence @unchecked.
+final class CurlHandle: @unchecked Sendable {
+    static let globalInit: CURLcode = ferry_curl_global_init()
+    private let handle: UnsafeMutableRawPointer
+
+    init?() {
+        guard Self.globalInit == CURLE_OK, let handle = curl_easy_init() else { return nil }
+        self.handle = handle
+    }
+
+    deinit {
+        curl_easy_cleanup(handle)
+    }
+
+    func perform(_ request: CurlRequest) -> CurlResponse {
+        // Options from a previous request must not leak into this one; the connection cache survives a reset.
+        curl_easy_reset(handle)
+        let sink = ResponseSink(cap: max(0, request.configuration.maximumResponseBytes))
+        var errorBuffer = [CChar](repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
+        var headerList: UnsafeMutablePointer<curl_slist>?
+        for line in request.headers { headerList = curl_slist_append(headerList, line) }
+        defer { curl_slist_free_all(headerList) }
+        let code = withExtendedLifetime(sink) { () -> CURLcode in
+            errorBuffer.withUnsafeMutableBufferPointer { errorPointer -> CURLcode in
+                let context = Unmanaged.passUnretained(sink).toOpaque()
+                var setup = CURLE_OK
+                func set(_ result: CURLcode) { if setup == CURLE_OK { setup = result } }
+                let configuration = request.configuration
+                set(ferry_curl_setopt_pointer(handle, CURLOPT_ERRORBUFFER, errorPointer.baseAddress))
+                set(ferry_curl_setopt_pointer(handle, CURLOPT_URL, request.url))
+                set(ferry_curl_setopt_pointer(handle, CURLOPT_PROTOCOLS_STR, "http,https"))
+                set(ferry_curl_setopt_long(handle, CURLOPT_FOLLOWLOCATION, 0))  // 3xx pauses the uplink
+                set(ferry_curl_setopt_long(handle, CURLOPT_NOSIGNAL, 1))  // threads: no SIGALRM for DNS timeouts
+                set(ferry_curl_setopt_long(handle, CURLOPT_TIMEOUT_MS, configuration.requestTimeoutSeconds * 1000))
+                set(ferry_curl_setopt_long(handle, CURLOPT_TCP_KEEPALIVE, 1))
+                set(ferry_curl_setopt_long(handle, CURLOPT_POST, 1))
+                set(ferry_curl_setopt_off(handle, CURLOPT_POSTFIELDSIZE_LARGE, curl_off_t(request.body.count)))
+                // COPY: libcurl owns the bytes, so a resend on a fresh connection (a reused one died before
+                // answering) carries the whole body again.
+                request.body.withUnsafeBytes { set(ferry_curl_setopt_pointer(handle, CURLOPT_COPYPOSTFIELDS, $0.baseAddress ?? UnsafeRawPointer(bitPattern: 1))) }
+                set(ferry_curl_setopt_pointer(handle, CURLOPT_HTTPHEADER, headerList))
+                set(ferry_curl_setopt_callback(handle, CURLOPT_WRITEFUNCTION, ResponseSink.write))
+                set(ferry_curl_setopt_pointer(handle, CURLOPT_WRITEDATA, context))
+                set(ferry_curl_setopt_callback(handle, CURLOPT_HEADERFUNCTION, ResponseSink.header))
+                set(ferry_curl_setopt_pointer(handle, CURLOPT_HEADERDATA, context))
+                if let caFile = configuration.caFile { set(ferry_curl_setopt_pointer(handle, CURLOPT_CAINFO, caFile)) }
+                if let certificate = configuration.clientCertificateFile {
+                    set(ferry_curl_setopt_pointer(handle, CURLOPT_SSLCERT, certificate))
+                }
+                if let key = configuration.clientKeyFile { set(ferry_curl_setopt_pointer(handle, CURLOPT_SSLKEY, key)) }
+                guard setup == CURLE_OK else { return setup }
+                return curl_easy_perform(handle)
+            }
+        }
+        let message = errorBuffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }
+        var response = CurlResponse(code: code, message: String(decoding: message, as: UTF8.self))
+        var status = 0
+        _ = ferry_curl_getinfo_long(handle, CURLINFO_RESPONSE_CODE, &status)
+        // A complete head is a response even when the body was cut at the cap (CURLE_WRITE_ERROR, on purpose).
+        if status > 0, sink.headComplete, code == CURLE_OK || (code == CURLE_WRITE_ERROR && sink.truncated) {
+            response.status = status
+            response.headers = sink.headers
+            response.body = sink.body
+        }
+        return response
+    }
+}
+
+/// Receives one response: headers of the final status (1xx interim heads are dropped), body up to `cap`.
+final class ResponseSink {
+    let cap: Int
+    var body: [UInt8] = []
+    var truncated = false
+    var headers: [String: String] = [:]
+    var headerBytes = 0
+    var headComplete = false
+
+    init(cap: Int) {
+        self.cap = cap
+    }
+
+    static let write: ferry_curl_data_callback = { data, size, count, context in
+        guard let context else { return 0 }
+        let sink = Unmanaged<ResponseSink>.fromOpaque(context).takeUnretainedValue()
+        let (bytes, overflow) = size.multipliedReportingOverflow(by: count)
+        guard !overflow else { return 0 }
+        let room = sink.cap - sink.body.count
+        if let data, room > 0 {
+            data.withMemoryRebound(to: UInt8.self, capacity: min(bytes, room)) {
+                sink.body.append(contentsOf: UnsafeBufferPointer(start: $0, count: min(bytes, room)))
+            }
+        }
+        guard bytes <= room else {
+            // Past the cap: stop reading (libcurl closes the connection). The status and headers are kept.
+            sink.truncated = true
+            return 0
+        }
+        return bytes
+    }
+
+    static let header: ferry_curl_data_callback = { data, size, count, context in
+        guard let context, let data else { return 0 }
+        let sink = Unmanaged<ResponseSink>.fromOpaque(context).takeUnretainedValue()
+        let (bytes, overflow) = size.multipliedReportingOverflow(by: count)
+        guard !overflow else { return 0 }
+        // libcurl bounds one header line (100 KB); this bounds their sum.
+        sink.headerBytes += bytes
+        guard sink.headerBytes <= 256 * 1024 else { return 0 }
+        let line = data.withMemoryRebound(to: UInt8.self, capacity: bytes) {
+            String(decoding: UnsafeBufferPointer(start: $0, count: bytes), as: UTF8.self)
+        }
+        switch HTTPHeaderLine(line) {
+        case .statusLine:
+            // A new status line (after a 100 Continue): only the final head counts.
+            sink.headers = [:]
+            sink.headComplete = false
+        case .end:
+            sink.headComplete = true
+        case .field(let name, let value):
+            sink.headers[name] = value
+        case .malformed:
+            break
+        }
+        return bytes
     }
 }

@@ -132,8 +132,11 @@ public enum HTTPDate {
                 return assemble(year: year, month: month, day: day, time: parts[2])
             }
         }
-        // asctime: Sun Nov  6 08:49:37 1994
-        if parts.count == 5, let month = month(parts[1]), let day = Int(parts[2]), let year = Int64(parts[4]) {
+        // asctime: Sun Nov  6 08:49:37 1994. Four digits, like the other forms: a year of 999999999999 would
+        // overflow the day arithmetic (it trapped: SIGILL from one response header).
+        if parts.count == 5, let month = month(parts[1]), let day = Int(parts[2]), parts[4].count == 4,
+            let year = Int64(parts[4])
+        {
             return assemble(year: year, month: month, day: day, time: parts[3])
         }
         return nil
@@ -144,6 +147,9 @@ public enum HTTPDate {
     }
 
     private static func assemble(year: Int64, month: Int, day: Int, time: String) -> Int64? {
+        // Every caller passes at most four digits (a sign included); checked again here because the calendar
+        // arithmetic below is only overflow-free for small years.
+        guard (-9999...9999).contains(year) else { return nil }
         let clock = time.split(separator: ":").map { Int64($0) }
         guard clock.count == 3, let hour = clock[0], let minute = clock[1], let second = clock[2],
             (1...31).contains(day), (0...23).contains(hour), (0...59).contains(minute), (0...60).contains(second)

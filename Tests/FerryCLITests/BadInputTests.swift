@@ -18,6 +18,16 @@ import Testing
         #expect(line.contains(needle), "'\(line)' does not mention '\(needle)'", sourceLocation: sourceLocation)
     }
 
+    @Test func forwardRetentionHoursMustBeANonNegativeNumber() throws {
+        let dir = try TemporaryDirectory()
+        for bad in ["-1", "72h", "100000"] {
+            let result = ferry(
+                "forward", "--db", dir.file("ferry.sqlite"), "--endpoint", "http://127.0.0.1:9/", "--retention-hours", bad)
+            expectFailure(result, status: 2, mentioning: "--retention-hours")
+        }
+        #expect(try dir.entries().isEmpty)
+    }
+
     @Test func missingCaptureFile() throws {
         let dir = try TemporaryDirectory()
         let missing = dir.file("no-such-capture.bin")

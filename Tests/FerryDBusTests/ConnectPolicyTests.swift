@@ -93,6 +93,21 @@ struct ConnectPolicyTests {
         }
     }
 
+    /// Issue 12: the bond is the operator's. InProgress on a bonded device only ever disconnects, with the
+    /// longer (resource) backoff, then gives up to the caller's backoff: never `remove: true`.
+    @Test func inProgressOnABondedDeviceNeverRemovesIt() {
+        var policy = ConnectRetryPolicy(random: { 0 })
+        let inProgress = bluez("org.bluez.Error.InProgress", "In Progress")
+        let busy = bluez("org.bluez.Error.Failed", "Device or resource busy")
+        let now = ContinuousClock.now
+        #expect(policy.next(after: inProgress, now: now, bonded: true) == .resetDeviceThenRetry(remove: false, after: .milliseconds(2500)))
+        #expect(policy.next(after: busy, now: now, bonded: true) == .resetDeviceThenRetry(remove: false, after: .seconds(5)))
+        guard case .giveUp = policy.next(after: inProgress, now: now, bonded: true) else {
+            Issue.record("expected give-up")
+            return
+        }
+    }
+
     @Test func slotExhaustionBacksOffLongerThanTransientErrors() {
         var policy = ConnectRetryPolicy(random: { 0 })
         let limited = bluez("org.bluez.Error.Failed", "Limited Resources")

@@ -223,7 +223,10 @@ struct DBusConnectionTests {
         let elapsed = ContinuousClock.now - start
         #expect(error?.isTimeout == true)
         #expect(elapsed >= .milliseconds(300))
-        #expect(elapsed < .seconds(3))
+        // Bounded, not timed: the point is that the call ends instead of waiting forever. The whole suite runs
+        // in parallel on 2 cores (process-spawning store tests beside it), where a 300 ms deadline was seen
+        // to fire 10 s late; 30 s still tells "ended by the deadline" from "hung".
+        #expect(elapsed < .seconds(30))
         // Still usable after a timeout.
         #expect(try await echo(client, [.int32(5)]).arguments == [.int32(5)])
         _ = service
@@ -322,7 +325,9 @@ struct DBusConnectionTests {
     @Test func manyConcurrentCallsAllGetTheirOwnReplies() async throws {
         let bus = try TestBus()
         let service = try await startEchoService(on: bus)
-        let client = try await bus.connect()
+        // What is checked is pairing of replies, not speed: 100 calls to an in-process service on 2 loaded cores
+        // once outlasted the 5 s default.
+        let client = try await bus.connect(timeout: .seconds(30))
         try await withThrowingTaskGroup(of: Void.self) { group in
             for i in 0..<100 {  // below dbus-daemon's default max_replies_per_connection (128)
                 group.addTask {

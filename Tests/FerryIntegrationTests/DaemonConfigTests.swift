@@ -1,5 +1,6 @@
 import FerryGateway
 import FerryProtocol
+import FerryStore
 import Foundation
 import Testing
 
@@ -28,11 +29,28 @@ import Testing
         #expect(c.maxConnections == 3)
         #expect(c.allowAnySyncPeripheral == false)
         #expect(c.window == 20)
+        #expect(c.noProgressSeconds == 30 && c.maxSessionSeconds == 600)
         #expect(c.syncIntervalSeconds == 60)
         #expect(c.logLevel == .info)
         #expect(c.uplink.endpoint == nil)
         #expect(c.peripherals.isEmpty)
         #expect(c.requireBond == true)  // production default: encrypted links only
+    }
+
+    /// Issue 12: retention is configurable; the budget defaults to half the room at start, at most 1 GiB.
+    @Test func retentionHoursAndTheDefaultDiskBudget() throws {
+        #expect(try parse("{}").retentionHours == 72)
+        #expect(try parse("{}").diskBudgetBytes == nil)
+        #expect(try parse(#"{"retention_hours": 0.5}"#).retentionHours == 0.5)
+        #expect(try parse(#"{"retention_hours": 0}"#).retentionHours == 0)
+        #expect(error(#"{"retention_hours": -1}"#)?.key == "retention_hours")
+        #expect(error(#"{"retention_hours": "72h"}"#)?.key == "retention_hours")
+        let dir = try TemporaryDirectory("budget")
+        defer { dir.remove() }
+        let budget = GatewayStore.defaultDiskBudget(forStoreAt: dir.path("ferry.sqlite"))
+        let free = try #require(try GatewayStore(path: dir.path("probe.sqlite")).freeBytes())
+        #expect(budget >= 1 << 20 && budget <= 1 << 30)
+        #expect(budget <= max(1 << 20, free / 2 + 1 << 20))
     }
 
     @Test func requireBondParsesAndIsABoolean() throws {
@@ -56,6 +74,7 @@ import Testing
             """
             {"state_dir": "/srv/ferry", "adapter": "hci1", "max_connections": 4, "window": 40,
              "sync_interval_seconds": 30, "log_level": "notice", "disk_budget_bytes": 104857600,
+             "no_progress_seconds": 12, "max_session_seconds": 120,
              "peripherals": ["c0:ff:ee:00:00:01", {"address": "C0:FF:EE:00:00:02", "stay_connected": true}],
              "uplink": {"endpoint": "https://example.invalid/ingest", "gateway_id": "pi-7", "max_in_flight": 2}}
             """)
@@ -71,6 +90,8 @@ import Testing
         #expect(c.uplink.gatewayID == "pi-7")
         #expect(c.uplink.maxInFlight == 2)
         #expect(c.sessionConfiguration.window == 40)
+        #expect(c.sessionConfiguration.noProgressTimeout == 12)
+        #expect(c.sessionConfiguration.maxSessionDuration == 120)
         #expect(c.schedulerConfiguration.maxConnections == 4)
         try c.validate()
     }
@@ -94,6 +115,8 @@ import Testing
         #expect(error("{\(valid), \"max_connections\": 0}")?.key == "max_connections")
         #expect(error("{\(valid), \"max_connections\": 2.5}")?.problem.contains("whole number") == true)
         #expect(error("{\(valid), \"window\": 70000}")?.key == "window")
+        #expect(error("{\(valid), \"no_progress_seconds\": 1}")?.key == "no_progress_seconds")
+        #expect(error("{\(valid), \"max_session_seconds\": 0}")?.key == "max_session_seconds")
         #expect(error("{\(valid), \"allow_any_sync_peripheral\": 1}")?.key == "allow_any_sync_peripheral")
         #expect(error("{\(valid), \"state_dir\": \"relative/dir\"}")?.key == "state_dir")
         #expect(error("{\(valid), \"log_level\": \"loud\"}")?.key == "log_level")

@@ -18,6 +18,19 @@ import Testing
         return SyncScheduler(configuration: config)
     }
 
+    /// Issue 12: stay_connected_default with >= max_connections paired peripherals starved the rest.
+    @Test func stayConnectedSessionsLeaveOneSlotForTheOthers() {
+        // 3 slots, 5 stay-connected paired peripherals: 2 may stay connected, the others rotate through the third.
+        #expect(SyncScheduler.grantsStayConnected(activeStayConnected: 0, maxConnections: 3, candidates: 5))
+        #expect(SyncScheduler.grantsStayConnected(activeStayConnected: 1, maxConnections: 3, candidates: 5))
+        #expect(!SyncScheduler.grantsStayConnected(activeStayConnected: 2, maxConnections: 3, candidates: 5))
+        // One slot, two peripherals: a stay-connected session would hold it forever.
+        #expect(!SyncScheduler.grantsStayConnected(activeStayConnected: 0, maxConnections: 1, candidates: 2))
+        // Everybody fits: every slot may stay connected.
+        #expect(SyncScheduler.grantsStayConnected(activeStayConnected: 2, maxConnections: 3, candidates: 3))
+        #expect(SyncScheduler.grantsStayConnected(activeStayConnected: 0, maxConnections: 1, candidates: 1))
+    }
+
     @Test func neverSyncedPeripheralsAreDueAtOnceButOnlyAsManyAsThereAreSlots() {
         var s = scheduler(slots: 2)
         s.setCandidates([a, b, c])

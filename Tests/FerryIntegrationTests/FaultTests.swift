@@ -82,3 +82,98 @@ func silentPeripheral() async throws {
     try await gateway.syncUntilCaughtUp(peripheral)
     _ = try expectConsistent(gateway, peripheral)
 }
+
+@Test("a peripheral that stalls mid-sync with the link up (one stale duplicate per SYNC_REQ) is let go within the bound; the next session gets every event")
+func stalledPeripheralFreesTheSlot() async throws {
+    let dir = try TemporaryDirectory("stalled")
+    defer { dir.remove() }
+    var stall = SimulatedPeripheral.Faults()
+    stall.stallAfterFrames = 300
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: stall, seed: 96)
+    try peripheral.record(count: 1_500)
+    let gateway = try Gateway(directory: dir)
+    let startedAt = gateway.clock.now()
+    let first = try await gateway.session(with: peripheral)
+    // Ends (not hung, no step cap), without a link loss, well within the documented no-progress bound.
+    #expect(first.outcome.ending == .finished, "\(first)")
+    #expect(first.summary.end == .disconnected(.noResponse) || first.summary.end == .disconnected(.noProgress), "\(first)")
+    #expect(first.outcome.endedAt - startedAt <= gateway.configuration.noProgressTimeout + 1, "\(first)")
+    #expect(first.summary.cursor >= 280 && first.summary.cursor <= 300, "\(first)")
+    #expect(peripheral.statistics.staleAnswers >= 2)
+    // The later session (the stall was one firmware hiccup) completes every event.
+    try await gateway.syncUntilCaughtUp(peripheral)
+    let ledger = try expectConsistent(gateway, peripheral)
+    #expect(ledger.storedEvents == 1_500)
+}
+
+@Test("the simulator's driver reports a session with nothing left to wait for as hung, like the live driver would hold it")
+func driverReportsHungSessions() async throws {
+    let dir = try TemporaryDirectory("hung")
+    defer { dir.remove() }
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: .none, seed: 97)
+    try peripheral.record(count: 30)
+    let gateway = try Gateway(directory: dir)
+    // Stay connected, caught up, no live events, no stop time: the live daemon would wait forever.
+    gateway.configuration.stayConnected = true
+    let record = try await gateway.session(with: peripheral)
+    #expect(record.outcome.ending == .hung, "\(record)")
+    #expect(record.summary.cursor == 30)
+}
+
+@Test("a link loss is recorded as the session's result (ferry peripherals must not show the previous one)")
+func linkLossIsRecordedAsTheSessionsResult() async throws {
+    let dir = try TemporaryDirectory("linklost")
+    defer { dir.remove() }
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: .none, seed: 98)
+    try peripheral.record(count: 100)
+    let gateway = try Gateway(directory: dir)
+    _ = try await gateway.session(with: peripheral)
+    #expect(try gateway.store.syncState(gateway.address)?.lastResult == "caughtUp")
+    try peripheral.record(count: 500)
+    var dropping = SimulatedPeripheral.Faults()
+    dropping.disconnectPerNotification = 0.5
+    peripheral.faults = dropping
+    let lost = try await gateway.session(with: peripheral)
+    #expect(lost.outcome.ending == .linkLost && lost.summary.end == .linkLost, "\(lost)")
+    #expect(try gateway.store.syncState(gateway.address)?.lastResult == "linkLost")
+}
+
+/// A second SQLite connection that holds the write lock until `release` (from any thread, one at a time).
+private final class LockHolder: @unchecked Sendable {
+    let store: GatewayStore
+    init(path: String) throws { store = try GatewayStore(path: path) }
+    func hold() throws { try store.database.execute("BEGIN IMMEDIATE") }
+    func release() { try? store.database.execute("COMMIT") }
+}
+
+@Test("a commit that finds the store locked by another writer (a long prune) is retried, not the end of the session")
+func busyStoreIsRetriedNotFatal() async throws {
+    let dir = try TemporaryDirectory("busy")
+    defer { dir.remove() }
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: .none, seed: 99)
+    try peripheral.record(count: 100)
+    let gateway = try Gateway(directory: dir)
+    let holder = try LockHolder(path: gateway.dbPath)
+    let transport = SimulatedTransport(connectingTo: peripheral, now: gateway.clock.now())
+    let runner = SyncSessionRunner(
+        peripheral: gateway.address, store: gateway.store, transport: transport, configuration: gateway.configuration,
+        clock: gateway.clock)
+    var locked = false
+    transport.controlHook = { frame in
+        // At the first SYNC_REQ the stream is open; the first commit then meets the lock, held ~6 s: longer
+        // than one busy timeout (5 s), shorter than the retries.
+        if frame.type == .syncRequest && !locked {
+            locked = true
+            try? holder.hold()
+            Thread.detachNewThread {
+                Thread.sleep(forTimeInterval: 6)
+                holder.release()
+            }
+        }
+        return .deliver
+    }
+    let outcome = await SessionDriver.run(runner: runner, transport: transport, clock: gateway.clock)
+    #expect(locked)
+    #expect(outcome.ending == .finished && runner.summary.end == .disconnected(.caughtUp), "\(runner.summary)")
+    #expect(runner.summary.framesStored == 100)
+}

@@ -114,8 +114,9 @@ final class Gateway {
     ) async throws -> Int {
         for n in 1...maxSessions {
             let record = try await session(with: peripheral, crashBeforeAck: crashBeforeAck)
-            if record.outcome.ending == .stepCapReached {
-                Issue.record("step cap reached: \(record)")
+            if record.outcome.ending == .stepCapReached || record.outcome.ending == .hung {
+                // A hung session is one the live daemon would never end: its slot would be gone for good.
+                Issue.record("\(record.outcome.ending): \(record)")
                 return n
             }
             // Without STREAM_INFO a silent peripheral (an ignored SYNC_REQ) looks caught up: the gateway

@@ -346,12 +346,145 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
     @Test func nextDeadlineIsNeverAPastDeadlineThatDoesNothing() {
         var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
         #expect(s.bytesReceived(dataBytes(1...25), now: 1) == [batch(0, 1...20)])
-        // Staged 21...25 wait for the commit; the idle deadline must not fire while it is in flight.
-        #expect(s.nextDeadline == nil)
+        // Staged 21...25 wait for the commit; the idle deadline must not fire while it is in flight. Only the
+        // no-progress bound (30 s after the cursor was loaded) stands.
+        #expect(s.nextDeadline == 30)
         #expect(s.commitFinished(cursor: 20, now: 1.5) == [.sendSyncAck(20)])
         #expect(s.nextDeadline == 1.25)  // now overdue and actionable: commits 21...25
         #expect(s.timerFired(now: 1.5) == [batch(20, 21...25)])
-        #expect(s.nextDeadline == nil)
+        #expect(s.nextDeadline == 31.5)  // the commit of 1...20 at 1.5 was progress
+    }
+
+    // MARK: liveness bounds (issue 12)
+
+    /// The field fault: a peripheral that stops sending new frames with the link up and answers each SYNC_REQ
+    /// with one stale duplicate. Duplicates used to reset the response timer and the attempt count, so the
+    /// session never ended (303 s through real bluetoothd until the daemon was stopped).
+    @Test func staleDuplicateAnswersDoNotKeepTheSessionAlive() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
+        #expect(s.commitFinished(cursor: 20, now: 1) == [.sendSyncAck(20)])
+        // Nothing new: the response timeout re-sends SYNC_REQ; each is answered by one old frame.
+        #expect(s.timerFired(now: 3) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.bytesReceived(dataBytes(20...20), now: 3.1) == [])
+        #expect(s.nextDeadline == 5)
+        #expect(s.timerFired(now: 5) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.bytesReceived(dataBytes(19...19), now: 5.1) == [])
+        #expect(s.timerFired(now: 7) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.bytesReceived(dataBytes(20...20), now: 7.1) == [])
+        #expect(s.timerFired(now: 9) == [.disconnect(.noResponse)])
+        #expect(s.isClosed && s.statistics.duplicates == 3)
+    }
+
+    /// A failed SYNC_REQ write plus one stale duplicate used to leave the session with no deadline at all.
+    @Test func aStaleDuplicateNeverClearsTheDeadline() {
+        var (s, _) = startedSession(cursor: 10, streamInfo: info(oldest: 1, head: 50))
+        #expect(s.bytesReceived(dataBytes(10...10), now: 0.5) == [])
+        #expect(s.nextDeadline == 2)
+    }
+
+    /// Whatever keeps arriving, a session that commits nothing new ends at the no-progress bound: here a
+    /// stream of frames far beyond the cursor keeps the drain from ever going idle (so no gap resolution, no
+    /// response timer). It ends with what is committed acknowledged.
+    @Test func noProgressEndsTheSessionWhateverArrives() {
+        var config = SyncSession.Configuration()
+        config.noProgressTimeout = 30
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 500), configuration: config)
+        #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
+        #expect(s.commitFinished(cursor: 20, now: 1) == [.sendSyncAck(20)])
+        #expect(s.nextDeadline == 3)  // response timer; the no-progress bound is at 31
+        var now = 1.0
+        var actions: [SyncAction] = []
+        while !s.isClosed && now < 100 {
+            now += 0.125
+            if let deadline = s.nextDeadline, deadline <= now { actions += s.timerFired(now: deadline) }
+            if s.isClosed { break }
+            actions += s.bytesReceived(dataBytes(400...400), now: now)
+        }
+        #expect(actions == [.disconnect(.noProgress)])
+        #expect(now >= 31 && now <= 31.125, "ended at \(now)")
+        #expect(s.statistics.droppedWhileDraining > 200)
+    }
+
+    /// Frames staged when the bound hits are committed and acknowledged before the disconnect.
+    @Test func noProgressEndCommitsAndAcknowledgesWhatIsStaged() {
+        var config = SyncSession.Configuration()
+        config.noProgressTimeout = 10
+        config.maxSessionDuration = 100
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 500), configuration: config)
+        #expect(s.nextDeadline == 2)
+        _ = s.timerFired(now: 2)
+        _ = s.bytesReceived(dataBytes(1...3), now: 2.1)
+        // The idle commit would come at 2.35; fire the bound instead (an owner late by 8 s).
+        #expect(s.timerFired(now: 10) == [batch(0, 1...3)])
+        #expect(s.commitFinished(cursor: 3, now: 10) == [.sendSyncAck(3), .disconnect(.noProgress)])
+    }
+
+    @Test func progressMovesTheNoProgressBound() {
+        var config = SyncSession.Configuration()
+        config.noProgressTimeout = 10
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 500), configuration: config)
+        for i in 0..<20 {
+            let t = Double(i) * 5 + 1
+            let first = UInt64(i * 20 + 1)
+            #expect(s.bytesReceived(dataBytes(first...(first + 19)), now: t) == [batch(first - 1, first...(first + 19))])
+            #expect(s.commitFinished(cursor: first + 19, now: t) == [.sendSyncAck(first + 19)])
+            #expect(!s.isClosed)
+        }
+        #expect(s.nextDeadline == 98)  // response timer after the last ACK at 96
+    }
+
+    @Test func maxSessionDurationEndsASyncAndReleaseSession() {
+        var config = SyncSession.Configuration()
+        config.maxSessionDuration = 60
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 100_000), configuration: config)
+        var seq: UInt64 = 0
+        var now = 0.0
+        var ended: [SyncAction] = []
+        while !s.isClosed && now < 200 {
+            now += 1
+            if let deadline = s.nextDeadline, deadline <= now {
+                ended = s.timerFired(now: deadline)
+                break
+            }
+            #expect(s.bytesReceived(dataBytes((seq + 1)...(seq + 20)), now: now) == [batch(seq, (seq + 1)...(seq + 20))])
+            #expect(s.commitFinished(cursor: seq + 20, now: now) == [.sendSyncAck(seq + 20)])
+            seq += 20
+        }
+        // Nothing staged, everything committed was acknowledged: just the disconnect, at 60 s.
+        #expect(ended == [.disconnect(.maxDurationReached)])
+        #expect(now == 60 && seq == 59 * 20)
+        // Not for stay-connected sessions: holding the link is their purpose.
+        config.stayConnected = true
+        var (live, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 100_000), configuration: config)
+        _ = live.bytesReceived(dataBytes(1...20), now: 1)
+        _ = live.commitFinished(cursor: 20, now: 1)
+        #expect(live.nextDeadline == 3)
+        _ = live.bytesReceived(dataBytes(21...40), now: 59)
+        _ = live.commitFinished(cursor: 40, now: 59)
+        #expect(live.timerFired(now: 60.5) == [])
+        #expect(!live.isClosed)
+    }
+
+    /// A caught-up stay-connected session has no bound (live events may never come); once something makes
+    /// it expect frames again (a live frame beyond a gap), the bound runs from that moment.
+    @Test func theNoProgressClockRunsOnlyWhileProgressIsExpected() {
+        var config = SyncSession.Configuration()
+        config.stayConnected = true
+        config.noProgressTimeout = 10
+        var (s, _) = startedSession(cursor: 5, streamInfo: info(oldest: 1, head: 5), configuration: config)
+        #expect(s.isCaughtUp && s.nextDeadline == nil)
+        // An hour later, a live frame beyond a gap: drain, then (fed noise) never idle.
+        var now = 3600.0
+        var actions: [SyncAction] = []
+        while !s.isClosed && now < 3700 {
+            if let deadline = s.nextDeadline, deadline <= now { actions += s.timerFired(now: deadline) }
+            if s.isClosed { break }
+            actions += s.bytesReceived(dataBytes(9...9), now: now)
+            now += 0.125
+        }
+        #expect(actions == [.disconnect(.noProgress)])
+        #expect(now >= 3610 && now <= 3610.25, "ended at \(now)")
     }
 
     @Test func commitFailureDisconnectsWithoutAck() {

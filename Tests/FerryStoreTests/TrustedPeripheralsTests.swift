@@ -67,10 +67,12 @@ import Testing
             let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 3)
             _ = try store.commit(batch(from: 0, dataFrames(1...5)), to: stream.key)
             try store.database.execute(
-                "DROP TABLE trusted_peripherals; DROP TABLE peripheral_sync_state; PRAGMA user_version = 1;")
+                "DROP TABLE trusted_peripherals; DROP TABLE peripheral_sync_state; "
+                    + "ALTER TABLE outbox_events DROP COLUMN batch_gateway; DROP TABLE uplink_forwarder; "
+                    + "PRAGMA user_version = 1;")
         }
         let reopened = try GatewayStore(path: path, clock: FixedClock())
-        #expect(try reopened.database.integer("PRAGMA user_version") == 2)
+        #expect(try reopened.database.integer("PRAGMA user_version") == 3)
         #expect(try reopened.activeCursor(testPeripheral)?.cursor == 5)
         try reopened.trust(trusted(testPeripheral))
         #expect(try reopened.trustedPeripherals().count == 1)

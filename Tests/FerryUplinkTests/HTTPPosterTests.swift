@@ -175,9 +175,31 @@ import Testing
             _ = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: URL(string: "http://localhost:8080/")!))
             _ = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: URL(string: "http://[::1]:8080/")!))
         }
+        // A host NAME starting with "127." is a remote host: the token and frames would leave in clear.
+        #expect(throws: UplinkHTTPError.self) {
+            try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: URL(string: "http://127.evil.example/")!))
+        }
+        #expect(throws: Never.self) {
+            _ = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: URL(string: "http://127.3.2.1:80/")!))
+        }
         #expect(throws: UplinkHTTPError.invalidTimeout(0)) {
             try UplinkHTTPPoster(
                 configuration: UplinkHTTPConfiguration(endpoint: URL(string: "https://x/")!, requestTimeoutSeconds: 0))
         }
+    }
+}
+
+@Suite struct LoopbackTests {
+    @Test(arguments: ["localhost", "LOCALHOST", "127.0.0.1", "127.255.255.254", "127.1.2.3", "::1", "[::1]", "0:0:0:0:0:0:0:1"])
+    func loopback(host: String) {
+        #expect(UplinkEndpoint.isLoopback(host: host))
+    }
+
+    @Test(arguments: [
+        "127.evil.example", "127.0.0.1.evil.example", "localhost.evil.example", "127.1", "127.0.0.256", "128.0.0.1",
+        "::2", "::ffff:127.0.0.1", "[::1]x", "", "0.0.0.0", "10.0.0.1", "127.0.0.1 ", "evil-127.0.0.1",
+    ])
+    func notLoopback(host: String) {
+        #expect(!UplinkEndpoint.isLoopback(host: host))
     }
 }

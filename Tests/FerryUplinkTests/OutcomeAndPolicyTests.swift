@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import FerryUplink
+import CCurl
 
 /// A deterministic generator (SplitMix64) so jitter is testable.
 struct SeededGenerator: RandomNumberGenerator {
@@ -69,25 +70,49 @@ struct ConstantGenerator: RandomNumberGenerator {
         #expect(classify(503, retryAfter: "later") == .retry(.status(503), retryAfterSeconds: nil))
     }
 
+    /// Issue 11: one response header must never crash the gateway (Swift traps on overflow).
+    @Test(arguments: [
+        "Sun Nov  6 08:49:37 999999999999", "Sun Nov  6 08:49:37 9223372036854775807",
+        "Sun Nov  6 08:49:37 -9223372036854775808", "Sun, 06 Nov 99999 08:49:37 GMT",
+        "Sunday, 06-Nov-999999999999 08:49:37 GMT", "Sun, 06 Nov 1994 99999999999999999999:49:37 GMT",
+        "Sun, 06 Nov 1994 -1:49:37 GMT", "Sun Nov -6 08:49:37 1994", "-1", "-0", "+5", "1e9", "0x10", "",
+        "   ", "\u{0}", "Sun,  GMT", "Sun, 06 Nov 1994 08:49 GMT",
+    ])
+    func hostileRetryAfterNeverTraps(header: String) {
+        // Parses to nothing, or to a finite, non-negative wait.
+        if let seconds = RetryAfter.seconds(from: header, nowSecondsSince1970: Self.now) {
+            #expect(seconds >= 0 && !seconds.isNaN, "\(header) → \(seconds)")
+        }
+        _ = classify(503, retryAfter: header)
+    }
+
+    @Test func retryAfterExtremes() {
+        #expect(RetryAfter.seconds(from: "Sun Nov  6 08:49:37 999999999999", nowSecondsSince1970: Self.now) == nil)
+        #expect(RetryAfter.seconds(from: "Fri, 31 Dec 9999 23:59:59 GMT", nowSecondsSince1970: Self.now)! > 2.5e11)
+        #expect(RetryAfter.seconds(from: "Thu, 01 Jan 0001 00:00:00 GMT", nowSecondsSince1970: Self.now) == 0)
+        let huge = String(repeating: "9", count: 400)
+        #expect(RetryAfter.seconds(from: huge, nowSecondsSince1970: Self.now)! > 1e300)
+        // The policy caps what the parser lets through.
+        #expect(UplinkRetryPolicy().cappedRetryAfter(.infinity) == 3600)
+    }
+
     @Test func httpDateMatchesKnownEpochSeconds() {
         #expect(HTTPDate.secondsSince1970("Sun, 06 Nov 1994 08:49:37 GMT") == 784_111_777)
     }
 
     @Test func transportErrorsClassify() {
-        let timeout = NSError(domain: NSURLErrorDomain, code: NSURLErrorTimedOut)
-        #expect(UplinkTransportErrors.classify(timeout) == .retry(.timeout, retryAfterSeconds: nil))
-        let refused = NSError(domain: NSURLErrorDomain, code: NSURLErrorCannotConnectToHost)
-        guard case .retry(.connection, nil) = UplinkTransportErrors.classify(refused) else {
+        #expect(UplinkTransportErrors.classify(code: CURLE_OPERATION_TIMEDOUT, message: "") == .retry(.timeout, retryAfterSeconds: nil))
+        guard case .retry(.connection(let detail), nil) = UplinkTransportErrors.classify(code: CURLE_COULDNT_CONNECT, message: "")
+        else {
             Issue.record("refused connection must retry")
             return
         }
-        let underlying = NSError(
-            domain: NSURLErrorDomain, code: -1,
-            userInfo: [NSLocalizedDescriptionKey: "SSL certificate problem: self-signed certificate"])
-        let tls = NSError(domain: NSURLErrorDomain, code: -1, userInfo: [NSUnderlyingErrorKey: underlying])
-        guard case .pause(.untrustedCertificate) = UplinkTransportErrors.classify(tls) else {
-            Issue.record("certificate failure must pause")
-            return
+        #expect(!detail.isEmpty, "libcurl's own text when there is no message")
+        for code in [CURLE_PEER_FAILED_VERIFICATION, CURLE_SSL_CACERT_BADFILE, CURLE_SSL_CERTPROBLEM] {
+            guard case .pause(.untrustedCertificate) = UplinkTransportErrors.classify(code: code, message: "x") else {
+                Issue.record("certificate failure \(code) must pause")
+                return
+            }
         }
     }
 }

@@ -1,13 +1,9 @@
 // https against the reference backend with a self-signed certificate made by openssl.
 //
-// Measured fact this file depends on: swift-corelibs-foundation on Linux gives URLSession
-// no per-session CA setting. `URLSessionCertificateAuthorityInfoFile` is read only when
-// built for Android (EasyHandle.swift, `#if os(Android)`), and libcurl ignores
-// SSL_CERT_FILE / CURL_CA_BUNDLE once its built-in CAINFO is set (Debian:
-// /etc/ssl/certs/ca-certificates.crt). A private CA therefore has to be in the bundle
-// at that path: installed system-wide (update-ca-certificates) or bind-mounted over it in
-// the gateway's own mount namespace (systemd `BindReadOnlyPaths=`). The second test proves
-// the bind-mount route end to end in a child process under `unshare --mount`.
+// The poster uses libcurl directly: a private CA is a per-process `caFile` (CURLOPT_CAINFO), and a backend
+// that wants mutual TLS gets a client certificate and key. The system bundle at libcurl's built-in path
+// (Debian: /etc/ssl/certs/ca-certificates.crt) is the default; the last test still proves the route of binding
+// a bundle over it (systemd `BindReadOnlyPaths=`) in a child process under `unshare --mount`.
 
 import Foundation
 import Testing
@@ -33,6 +29,49 @@ import XCTest
         }
         #expect(detail.contains("certificate"))
         #expect(try backend.stat("requests") == 0)
+    }
+
+    @Test func aCAFileTrustsAPrivateCertificate() async throws {
+        let directory = try TestSupport.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (cert, key) = try TestSupport.makeSelfSignedCertificate(in: directory)
+        let backend = try ReferenceBackend(arguments: ["--tls-cert", cert, "--tls-key", key], scheme: "https")
+        defer { backend.stop() }
+        var configuration = UplinkHTTPConfiguration(endpoint: backend.endpoint)
+        configuration.caFile = cert
+        let poster = try UplinkHTTPPoster(configuration: configuration)
+        let body = UplinkBodyEncoder.encode(FrameBatches.twentyFrames(batch: "b-1"))
+        let attempt = await poster.post(body: body, idempotencyKey: "b-1", token: nil)
+        #expect(attempt.outcome == .completed(status: 200))
+        configuration.caFile = directory.appendingPathComponent("missing.pem").path
+        #expect(throws: UplinkHTTPError.self) { try UplinkHTTPPoster(configuration: configuration) }
+    }
+
+    @Test func mutualTLSNeedsTheClientCertificate() async throws {
+        let directory = try TestSupport.temporaryDirectory()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let (cert, key) = try TestSupport.makeSelfSignedCertificate(in: directory)
+        let clientDirectory = directory.appendingPathComponent("client")
+        try FileManager.default.createDirectory(at: clientDirectory, withIntermediateDirectories: true)
+        let (clientCert, clientKey) = try TestSupport.makeSelfSignedCertificate(in: clientDirectory)
+        let backend = try ReferenceBackend(
+            arguments: ["--tls-cert", cert, "--tls-key", key, "--tls-client-ca", clientCert], scheme: "https")
+        defer { backend.stop() }
+        var configuration = UplinkHTTPConfiguration(endpoint: backend.endpoint)
+        configuration.caFile = cert
+        let body = UplinkBodyEncoder.encode(FrameBatches.twentyFrames(batch: "b-2"))
+        let refused = await (try UplinkHTTPPoster(configuration: configuration)).post(
+            body: body, idempotencyKey: "b-2", token: nil)
+        guard case .retry(.connection, _) = refused.outcome else {
+            Issue.record("without a client certificate: \(refused.outcome)")
+            return
+        }
+        configuration.clientCertificateFile = clientCert
+        configuration.clientKeyFile = clientKey
+        let accepted = await (try UplinkHTTPPoster(configuration: configuration)).post(
+            body: body, idempotencyKey: "b-2", token: nil)
+        #expect(accepted.outcome == .completed(status: 200))
+        #expect(try backend.stat("distinct_natural_keys") == 20)
     }
 
     @Test func trustedThroughTheBundleLibcurlReadsTheSameCertificateWorks() async throws {

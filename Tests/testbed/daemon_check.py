@@ -9,6 +9,12 @@
       every peripheral's highest_ack <= the gateway's committed cursor (never ACK what is not committed).
   daemon_check.py final --allowed A,B,C --stranger D --gateway-db G --backend-db B
       the end-of-scenario assertions; prints one 'PASS name' / 'FAIL name: why' line each; exit 1 if any failed.
+  daemon_check.py notify --log L --frozen-from T0 --frozen-to T1
+      sd_notify as systemd would see it (L from notify_listener.py): READY=1 came, a STATUS= with the slots, and
+      WATCHDOG=1 pings before T0, none while the process was stopped (SIGSTOP at T0, SIGCONT at T1), and pings
+      again after T1. Prints one 'PASS name' / 'FAIL name: why' line each; exit 1 if any failed.
+  daemon_check.py scan --expect A,B,C < `ferry scan --json` output
+      every expected peripheral is listed with an address type (and the RSSIs seen are printed).
 
 Peripheral stats come from $FERRY_TESTBED_RESULTS/peripheral-<ADDR>.json (Hardware/TESTBED.md).
 """
@@ -156,18 +162,66 @@ def cmd_final(args):
     return 0 if all(results) else 1
 
 
+def cmd_notify(args):
+    results = []
+
+    def check(name, ok, why=""):
+        results.append(ok)
+        print(f"PASS {name}" if ok else f"FAIL {name}: {why}")
+
+    entries = [json.loads(line) for line in open(args.log)]
+    pings = [e["t"] for e in entries if "WATCHDOG=1" in e["msg"].split("\n")]
+    t0, t1 = args.frozen_from, args.frozen_to
+    check("systemd notify: READY=1 sent", any("READY=1" in e["msg"].split("\n") for e in entries),
+          f"{len(entries)} datagrams")
+    statuses = [line for e in entries for line in e["msg"].split("\n") if line.startswith("STATUS=")]
+    check("systemd notify: STATUS= shows the slots in use and the backlog",
+          any("slots in use" in st and "backlog" in st for st in statuses), json.dumps(statuses[-3:]))
+    before = [t for t in pings if t < t0]
+    check("systemd notify: WATCHDOG=1 pings while running", len(before) >= 2, f"{len(before)} before the freeze")
+    # 0.3 s grace: a datagram sent just before SIGSTOP may be read by the listener just after.
+    during = [round(t - t0, 2) for t in pings if t0 + 0.3 < t < t1]
+    check(f"systemd notify: no WATCHDOG=1 while the process was stopped ({t1 - t0:.1f} s)", not during,
+          f"pings at +{during} s")
+    after = [t for t in pings if t >= t1]
+    check("systemd notify: WATCHDOG=1 again after SIGCONT", bool(after) and after[0] - t1 < 5,
+          f"first at +{after[0] - t1:.1f} s" if after else "none")
+    return 0 if all(results) else 1
+
+
+def cmd_scan(args):
+    try:
+        report = json.load(sys.stdin)
+    except ValueError as error:
+        print(f"FAIL ferry scan --json printed no JSON: {error}")
+        return 1
+    listed = {p["address"]: p for p in report.get("peripherals", [])}
+    missing = [a for a in args.expect if a not in listed]
+    bad = [a for a, p in listed.items() if p.get("address_type") not in ("public", "random")]
+    rssi = sorted({p.get("rssi") for p in listed.values()}, key=str)
+    ok = not missing and not bad
+    print(f"PASS ferry scan lists the bed's {len(args.expect)} Sync peripherals (address types ok, RSSI {rssi})"
+          if ok else f"FAIL ferry scan lists the bed's peripherals: missing {missing}, malformed {bad}; got {sorted(listed)}")
+    return 0 if ok else 1
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["drained", "acked-committed", "final"])
-    p.add_argument("--allowed", required=True, type=lambda s: s.split(","))
+    p.add_argument("command", choices=["drained", "acked-committed", "final", "notify", "scan"])
+    p.add_argument("--allowed", type=lambda s: s.split(","))
+    p.add_argument("--expect", type=lambda s: s.split(","))
     p.add_argument("--stranger")
-    p.add_argument("--gateway-db", required=True)
+    p.add_argument("--gateway-db")
+    p.add_argument("--log")
+    p.add_argument("--frozen-from", type=float)
+    p.add_argument("--frozen-to", type=float)
     p.add_argument("--backend-db")
     p.add_argument("--backend", default="scripts/backend/ferry-backend")
     p.add_argument("--payload-bytes", type=int, default=20)
     p.add_argument("--timeout", type=float, default=300)
     args = p.parse_args()
-    return {"drained": cmd_drained, "acked-committed": cmd_acked_committed, "final": cmd_final}[args.command](args)
+    return {"drained": cmd_drained, "acked-committed": cmd_acked_committed, "final": cmd_final, "notify": cmd_notify,
+            "scan": cmd_scan}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@
 # the last one is the stranger (advertises the Sync UUID, is NOT on the allowlist), the others are allowed.
 #
 # MODE ci (default), one boot:
+#   0  `ferry scan --json` lists every peripheral of the bed
 #   A  throughput: ferry run drains K buffered events per allowed peripheral → figures (time to drain, rates)
+#   A' the systemd notify socket (a listener): READY=1, STATUS=, WATCHDOG=1 pings, none while ferry run is
+#      SIGSTOPped for 5 s, pings again after SIGCONT
 #   B  chaos: more events (a big batch + live events while connected), ferry run SIGKILLed at random moments
 #      KILLS times and restarted, one SIGTERM mid-transfer (exit time, every ACK committed), bluetoothd
 #      restarted under the running daemon (it must recover without a restart of its own); SIGHUP with the last
@@ -69,10 +72,20 @@ json.dump({
 }, open(config, "w"), indent=2)
 EOF
 
+# --- ferry scan (issue 15): lists every peripheral of the bed (all advertise the Sync UUID, the stranger too)
+ALL_CSV=$(IFS=,; echo "${ALL[*]}")
+"$FERRY" scan --timeout 10 --json 2>"$R/scan.err" | tee "$R/scan.json" | $CHECK scan --expect "$ALL_CSV" | tee -a "$CHECKS"
+
+# --- systemd's notify socket (issue 15): every ferry run below reports to a listener as it would to systemd
+NOTIFY_SOCKET_PATH="$S/notify.sock"
+NOTIFY_LOG="$R/notify.jsonl"
+python3 Tests/testbed/notify_listener.py "$NOTIFY_SOCKET_PATH" "$NOTIFY_LOG" &
+LISTENER_PID=$!
+
 DAEMON_LOG="$R/ferry-run.log"
 DAEMON_PID=
 start_daemon() {
-    "$FERRY" run --config "$CONFIG" >>"$DAEMON_LOG" 2>&1 &
+    NOTIFY_SOCKET="$NOTIFY_SOCKET_PATH" WATCHDOG_USEC=2000000 "$FERRY" run --config "$CONFIG" >>"$DAEMON_LOG" 2>&1 &
     DAEMON_PID=$!
     echo "--- ferry run started, pid $DAEMON_PID ($(date +%T.%N))" >>"$DAEMON_LOG"
 }
@@ -90,6 +103,13 @@ if [[ $A_RC -eq 0 ]]; then pass "A: ${#ALLOWED[@]} x $FERRY_TESTBED_EVENTS buffe
 else fail "A: buffered events drained" "$A_OUT"; fi
 stat -c '%a' "$STATE" | grep -qx 700 && pass "state dir is 0700" || fail "state dir is 0700" "$(stat -c '%a' "$STATE")"
 [[ "$(stat -c '%a' "$GATEWAY_DB")" == 600 ]] && pass "store file is 0600" || fail "store file is 0600" "$(stat -c '%a' "$GATEWAY_DB")"
+
+# ================= A': the watchdog: pings while running, none while the process is frozen (SIGSTOP), again after
+sleep 3
+F0=$(now); kill -STOP "$DAEMON_PID"; sleep 5; F1=$(now); kill -CONT "$DAEMON_PID"
+echo "--- SIGSTOP $F0 .. SIGCONT $F1" >>"$DAEMON_LOG"
+sleep 4
+$CHECK notify --log "$NOTIFY_LOG" --frozen-from "$F0" --frozen-to "$F1" | tee -a "$CHECKS"
 
 # ================= B: chaos with live events
 add_events "$BATCH"
@@ -191,6 +211,7 @@ $CHECK final --allowed "$ALLOWED_CSV" --stranger "$STRANGER" --gateway-db "$GATE
     --backend-db "$BACKEND_DB" | tee -a "$CHECKS"
 grep -c 'frames/s' "$DAEMON_LOG" >/dev/null || true
 kill "$BACKEND_PID" 2>/dev/null
+kill "$LISTENER_PID" 2>/dev/null
 
 # Figures: phase A drain, and the per-session rates the daemon logged in phase A (before the first SIGKILL).
 python3 - "$DAEMON_LOG" "$A_OUT" "$A_SECONDS" "$TERM_SECONDS" "$FIGURES" "${#ALLOWED[@]}" "$FERRY_TESTBED_EVENTS" <<'EOF'

@@ -1,7 +1,10 @@
 // Swift side of scripts/bench-decoder. Linked against FerryProtocol built as its own module (as in the package).
 //   DecoderBench generate FILE MEGABYTES SEED   writes realistic DATA frames (20–200 byte payloads)
+//   DecoderBench pattern FILE MEGABYTES HEX     writes the byte pattern HEX repeated (hostile noise, no frames)
 //   DecoderBench decode FILE PASSES CHUNK       decodes FILE fed in CHUNK-byte pieces (0 = all at once)
-// Prints "swift-decoder <best MB/s> <frames>"; MB = 10^6 bytes. Fails if a frame is lost.
+//   DecoderBench noise FILE PASSES CHUNK        the same for a file of noise: discards are expected
+// Prints "swift-decoder <best MB/s> <frames> <checksum> <discarded>"; MB = 10^6 bytes. decode fails if a
+// frame is lost.
 import FerryProtocol
 import Foundation
 
@@ -34,13 +37,26 @@ struct SplitMix64: RandomNumberGenerator {
             }
             try Data(stream).write(to: URL(fileURLWithPath: args[2]))
             print("generated \(seq - 1) frames, \(stream.count) bytes")
-        case "decode":
+        case "pattern":
+            let hex = Array(args[4].utf8)
+            precondition(hex.count % 2 == 0 && !hex.isEmpty, "pattern: even number of hex digits")
+            let unit = stride(from: 0, to: hex.count, by: 2).map {
+                UInt8(String(decoding: hex[$0..<($0 + 2)], as: UTF8.self), radix: 16)!
+            }
+            let target = Int(args[3])! * 1_000_000
+            var stream = [UInt8]()
+            stream.reserveCapacity(target + unit.count)
+            while stream.count < target { stream += unit }
+            try Data(stream).write(to: URL(fileURLWithPath: args[2]))
+            print("generated 0 frames, \(stream.count) bytes")
+        case "decode", "noise":
             let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: args[2])))
             let passes = Int(args[3])!
             let chunk = Int(args[4])!
             var best = Duration.seconds(1000)
             var frames = 0
             var checksum: UInt64 = 0
+            var discarded = 0
             for _ in 0..<passes {
                 var decoder = FrameDecoder()
                 var count = 0
@@ -62,10 +78,13 @@ struct SplitMix64: RandomNumberGenerator {
                 best = min(best, elapsed)
                 frames = count
                 checksum = sum
-                precondition(decoder.statistics.discardedBytes == 0 && decoder.bufferedByteCount == 0, "decoder lost bytes")
+                discarded = decoder.statistics.discardedBytes
+                if args[1] == "decode" {
+                    precondition(discarded == 0 && decoder.bufferedByteCount == 0, "decoder lost bytes")
+                }
             }
             let seconds = Double(best.components.seconds) + Double(best.components.attoseconds) / 1e18
-            print("swift-decoder \(String(format: "%.1f", Double(bytes.count) / seconds / 1e6)) \(frames) \(checksum)")
+            print("swift-decoder \(String(format: "%.3f", Double(bytes.count) / seconds / 1e6)) \(frames) \(checksum) \(discarded)")
         default:
             fatalError("unknown mode \(args[1])")
         }

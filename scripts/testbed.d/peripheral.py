@@ -45,6 +45,8 @@ FAULTS = {
                        "set head back to half of it (same epoch, new payload bytes); once"),
     "silence": (1, "ignore this many SYNC_REQs (no DATA in answer)"),
     "slow": (5, "pace notifications at this many per second, 20 bytes each (frames span notifications)"),
+    "stall": (300, "after this many DATA frames on one connection, stall with the link up: send nothing new and "
+                   "answer each SYNC_REQ with one stale duplicate (the requested seq's frame again); once"),
 }
 
 MAX_VIOLATIONS_LISTED = 200
@@ -150,6 +152,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1, help="fault RNG seed (the address is mixed in)")
     p.add_argument("--max-window", type=int, default=65535, help="SYNC_REQ windows above this are violations")
     p.add_argument("--adv-interval", type=float, default=100.0, help="advertising interval, ms")
+    p.add_argument("--privacy", type=int, action="append", default=[],
+                   help="N: peripheral N (1-based) advertises on a resolvable private address (RPA) from its own "
+                        "IRK; pairing distributes the IRK and its static address as the identity; repeatable")
     p.add_argument("--stats-dir", default=".")
     p.add_argument("--store-dir", default=None, help="default: STATS_DIR/store")
     p.add_argument("--ready-file", default=None)
@@ -200,6 +205,7 @@ class Session:
     next_seq: int = 1
     out: list[OutFrame] = field(default_factory=list)
     frames_sent: int = 0
+    stalled: bool = False  # the `stall` fault hit on this connection: nothing new is sent any more
     authenticated: bool = False  # encrypted with a key from passkey (MITM) pairing
 
 
@@ -233,12 +239,13 @@ class SyncPeripheral:
         self.highest_sent = 0
         self.silence_left = int(faults.get("silence", 0))
         self.disconnect_done = False
+        self.stall_done = False
         self.reset_done = False
         self.regress_done = False
         self.stats = {
-            "address": self.address, "events_generated": self.store.head, "frames_sent": 0,
+            "address": self.address, "advertising_address": self.address, "privacy": False, "events_generated": self.store.head, "frames_sent": 0,
             "frames_sent_intact": 0, "notifications_sent": 0, "notifications_dropped": 0, "bytes_sent": 0,
-            "sync_reqs_received": 0, "acks_received": 0, "highest_ack": 0, "deleted": 0,
+            "sync_reqs_received": 0, "acks_received": 0, "highest_ack": 0, "deleted": 0, "stale_answers": 0, "hidden": False,
             "connections": 0, "disconnections": 0, "subscriptions": 0, "mtu": 0,
             "faults_injected": {}, "violations": 0, "violation_list": [],
             # Link security, see Hardware/TESTBED.md "Pairing".
@@ -301,6 +308,12 @@ class SyncPeripheral:
         controller = Controller(f"periph-{self.index}", link=link)
         host = Host(controller, AsyncPipeSink(controller))
         device = Device(name=self.name, address=Address(self.address, Address.RANDOM_DEVICE_ADDRESS), host=host)
+        if self.index in self.args.privacy:
+            # LE privacy: advertise and connect on an RPA generated from this IRK (fixed per peripheral, no
+            # rotation during a run); the static address stays the identity sent in SMP's identity information.
+            device.le_privacy_enabled = True
+            device.le_rpa_timeout = 0
+            device.irk = bytes.fromhex(self.address.replace(":", "")) * 2 + bytes(4)
         self.device = device
         self.keystore = JsonKeyStore(namespace=self.address, filename=self.keys_path)
         device.keystore = self.keystore
@@ -341,9 +354,9 @@ class SyncPeripheral:
         device.on("connection", self.on_connection)
         await self.count_bonds()
         await device.power_on()
-        await device.start_advertising(
-            auto_restart=True, advertising_data=adv_data(self.name), scan_response_data=scan_response(self.name),
-            advertising_interval_min=self.args.adv_interval, advertising_interval_max=self.args.adv_interval)
+        self.stats["advertising_address"] = str(device.random_address).split("/")[0]
+        self.stats["privacy"] = bool(device.le_privacy_enabled)
+        await self.advertise()
         asyncio.get_running_loop().create_task(self.sender())
         if self.args.rate > 0:
             asyncio.get_running_loop().create_task(self.live_events())
@@ -352,6 +365,11 @@ class SyncPeripheral:
 
     def stream_info_value(self) -> bytes:
         return self.store.stream_info()
+
+    async def advertise(self) -> None:
+        await self.device.start_advertising(
+            auto_restart=True, advertising_data=adv_data(self.name), scan_response_data=scan_response(self.name),
+            advertising_interval_min=self.args.adv_interval, advertising_interval_max=self.args.adv_interval)
 
     def on_connection(self, connection):
         self.stats["connections"] += 1
@@ -490,6 +508,16 @@ class SyncPeripheral:
             self.violation("req_beyond_head", f"SYNC_REQ last={frame.seq} > head {self.store.head}")
         log.info("%s SYNC_REQ last=%d window=%d (oldest %d head %d)", self.address, frame.seq, window,
                  self.store.oldest, self.store.head)
+        if session.stalled:
+            # The field fault of issue 12: a firmware stuck mid-replay answers with one old frame only.
+            seq = frame.seq
+            if seq >= 1:
+                self.stats["stale_answers"] += 1
+                session.out.append(OutFrame(sp.data_frame(seq, self.store.payload(seq)), seq, True))
+                session.requested = True
+                log.info("%s fault stall: answering SYNC_REQ last=%d with a stale duplicate", self.address, seq)
+                self.wake.set()
+            return
         if self.silence_left > 0:
             self.silence_left -= 1
             self.fault("silence")
@@ -575,6 +603,8 @@ class SyncPeripheral:
     # ------------------------------------------------------------- sending
 
     def refill(self, session: Session) -> None:
+        if session.stalled:
+            return
         limit = min(self.store.head, session.ack_base + session.window)
         # Keep only a little queued so a new SYNC_REQ takes effect quickly.
         while session.next_seq <= limit and len(session.out) < 64:
@@ -674,6 +704,14 @@ class SyncPeripheral:
                         self.intact_sent.add(f.seq)
         session.out = [f for f in session.out if f.sent < len(f.data)]
         self.dirty = True
+        if ("stall" in self.faults and not self.stall_done and not session.stalled
+                and session.frames_sent >= int(self.faults["stall"])):
+            self.stall_done = True
+            session.stalled = True
+            session.out = [f for f in session.out if f.sent > 0]  # a frame already started is finished
+            self.fault("stall")
+            log.info("%s fault stall after %d frames: link stays up, nothing new is sent", self.address,
+                     session.frames_sent)
         if ("disconnect" in self.faults and not self.disconnect_done
                 and session.frames_sent >= int(self.faults["disconnect"])):
             self.disconnect_done = True
@@ -716,6 +754,17 @@ class SyncPeripheral:
         elif cmd == "regress":
             new_head = int(words[1])
             await self.store_change(lambda: self.do_regress(new_head))
+        elif cmd == "hide":
+            # Out of range: stop advertising, so a central's LE Create Connection stays pending (and a
+            # second Device1.Connect meanwhile gets org.bluez.Error.InProgress from bluetoothd).
+            await self.disconnect_all()
+            await self.device.stop_advertising()
+            self.stats["hidden"] = True
+            log.info("%s hidden (not advertising)", self.address)
+        elif cmd == "show":
+            await self.advertise()
+            self.stats["hidden"] = False
+            log.info("%s advertising again", self.address)
         elif cmd == "forget":
             # A peripheral reset that loses its keys: the central still has its half of the bond.
             await self.disconnect_all()

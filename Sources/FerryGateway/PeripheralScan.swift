@@ -1,0 +1,113 @@
+import FerryBlueZ
+import FerryDBus
+
+/// A Sync peripheral seen advertising during a scan (`ferry scan`).
+public struct ScannedPeripheral: Sendable, Equatable {
+    public var address: String
+    /// "public" or "random" (BlueZ's Device1.AddressType).
+    public var addressType: String
+    /// dBm; nil when BlueZ reported the advertisement without one.
+    public var rssi: Int?
+    public var name: String?
+    /// BlueZ's view: paired (keys exchanged), bonded (keys stored), trusted.
+    public var paired: Bool
+    public var bonded: Bool
+    public var trusted: Bool
+
+    public init(
+        address: String, addressType: String, rssi: Int?, name: String?, paired: Bool, bonded: Bool, trusted: Bool
+    ) {
+        self.address = address
+        self.addressType = addressType
+        self.rssi = rssi
+        self.name = name
+        self.paired = paired
+        self.bonded = bonded
+        self.trusted = trusted
+    }
+}
+
+/// Finds the Sync peripherals in range: discovery on one adapter filtered by the Sync service UUID (the shared
+/// `BlueZDiscovery`, so BlueZ itself drops everything else), for a fixed time. A device is listed when it is
+/// under that adapter, advertises the Sync UUID (or advertises no UUID list at all: BlueZ only reported it
+/// because it matched our UUID filter), and was heard during the scan: its object appeared or an
+/// advertisement property changed while we watched, or it carries an RSSI (BlueZ only holds one for a device
+/// heard during the current discovery and clears them when discovery stops). A peripheral that is merely
+/// known (paired last month, now out of range) is not listed.
+public enum PeripheralScan {
+    /// Scans for `seconds`; `progress` gets the number found so far and the seconds left, about twice a second.
+    public static func run(
+        client: BlueZClient, adapter: BlueZAdapter, seconds: Double,
+        progress: @Sendable (_ found: Int, _ secondsLeft: Double) -> Void = { _, _ in }
+    ) async throws -> [ScannedPeripheral] {
+        // Watch before discovery starts, so no advertisement reported in between is missed.
+        let heard = LockedValue<Set<String>>([])
+        let prefix = adapter.path + "/"
+        let events = await client.objects.events()
+        let watcher = Task {
+            for await event in events {
+                switch event {
+                case .interfacesAdded(let path, let interfaces)
+                where path.hasPrefix(prefix) && interfaces[BlueZInterface.device] != nil:
+                    heard.withLock { _ = $0.insert(path) }
+                case .propertiesChanged(let path, let interface, let changed, _)
+                where path.hasPrefix(prefix) && interface == BlueZInterface.device
+                    && !Set(changed.keys).isDisjoint(with: advertisementProperties):
+                    heard.withLock { _ = $0.insert(path) }
+                default: break
+                }
+            }
+        }
+        defer { watcher.cancel() }
+        let lease = try await client.discovery(on: adapter).acquire()
+        let clock = ContinuousClock()
+        let end = clock.now + .milliseconds(Int64(seconds * 1000))
+        var found: [ScannedPeripheral] = []
+        do {
+            while clock.now < end {
+                try Task.checkCancellation()
+                found = inRange(await client.objects.snapshot, adapterPath: adapter.path, heard: heard.withLock { $0 })
+                let left = end - clock.now
+                progress(found.count, max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18))
+                try await Task.sleep(for: min(.milliseconds(500), max(.zero, left)))
+            }
+            // Read before releasing: stopping discovery clears the RSSIs.
+            found = inRange(await client.objects.snapshot, adapterPath: adapter.path, heard: heard.withLock { $0 })
+        } catch {
+            await lease.release()
+            throw error
+        }
+        await lease.release()
+        return found
+    }
+
+    /// Device1 properties that change when an advertisement is received.
+    static let advertisementProperties: Set<String> = ["RSSI", "TxPower", "ManufacturerData", "ServiceData", "UUIDs", "Name", "AdvertisingFlags"]
+
+    /// The Sync peripherals under `adapterPath` heard during the scan (`heard`: device paths that appeared or
+    /// changed while scanning), strongest first, those without an RSSI last. Pure.
+    public static func inRange(_ objects: BlueZObjects, adapterPath: String, heard: Set<String> = []) -> [ScannedPeripheral] {
+        let prefix = adapterPath + "/"
+        var result: [ScannedPeripheral] = []
+        for (path, properties) in objects.all(implementing: BlueZInterface.device) where path.hasPrefix(prefix) {
+            let rssi = rssiValue(properties["RSSI"])
+            guard rssi != nil || heard.contains(path), let address = properties["Address"]?.string else { continue }
+            let uuids = properties["UUIDs"]?.stringArray ?? []
+            guard uuids.isEmpty || uuids.contains(where: { $0.lowercased() == SyncProfile.serviceUUID }) else { continue }
+            result.append(
+                ScannedPeripheral(
+                    address: address, addressType: properties["AddressType"]?.string ?? "public", rssi: rssi,
+                    name: properties["Name"]?.string, paired: properties["Paired"]?.bool ?? false,
+                    bonded: BlueZDevice.hasBond(properties), trusted: properties["Trusted"]?.bool ?? false))
+        }
+        return result.sorted { ($0.rssi ?? Int.min, $1.address) > ($1.rssi ?? Int.min, $0.address) }
+    }
+
+    private static func rssiValue(_ value: DBusValue?) -> Int? {
+        switch value {
+        case .int16(let v): return Int(v)
+        case .variant(let inner): return rssiValue(inner)
+        default: return nil
+        }
+    }
+}

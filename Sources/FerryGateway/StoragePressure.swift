@@ -1,0 +1,219 @@
+import FerryDBus
+import FerryProtocol
+import FerryStore
+import Foundation
+
+/// Whether the daemon may start sessions, given the store's space (issue 12: disk pressure that converges).
+/// Pure: the storage watch tells it what it measured, and asks it when to measure next.
+///
+/// Open, it measures every `routineInterval` (a stat and three pragmas), or at once when a session was
+/// refused for space. Over the budget or on a full disk it closes: no session starts, so the radio is not
+/// churned by sessions that cannot commit, and every later check (which first makes room) comes after the
+/// scheduler's exponential backoff — one backoff formula in the daemon. The first check that finds room
+/// opens it again.
+public struct StorageGate: Sendable, Equatable {
+    public enum Pressure: Sendable, Equatable {
+        case overBudget(used: Int64, budget: Int64)
+        /// SQLITE_FULL, or less than `GatewayStore.freeSpaceFloorBytes` free on the store's file system.
+        case diskFull(free: Int64?)
+    }
+
+    public enum State: Sendable, Equatable {
+        case open
+        case closed(Pressure, checks: Int, nextCheck: Double)
+    }
+
+    /// What changed: the watch logs `closed` and `reopened` (one line each way), `stillClosed` at debug level.
+    public enum Transition: Sendable, Equatable {
+        case closed(Pressure, retryIn: Double)
+        case stillClosed(Pressure, retryIn: Double)
+        case reopened(used: Int64)
+    }
+
+    public private(set) var state: State = .open
+    public let routineInterval: Double
+    private var nextRoutineCheck: Double = 0
+
+    public init(routineInterval: Double = 5) {
+        self.routineInterval = routineInterval
+    }
+
+    public var sessionsAllowed: Bool { state == .open }
+
+    /// A nudge (a session refused for space) makes an open gate check now; a closed one keeps its backoff, since
+    /// no session it let start can be the cause.
+    public func isCheckDue(now: Double, nudged: Bool) -> Bool {
+        switch state {
+        case .open: nudged || now >= nextRoutineCheck
+        case .closed(_, _, let next): now >= next
+        }
+    }
+
+    /// `pressure` after the watch made what room it could (nil: under budget with free space). `backoff(n)` is
+    /// the wait after the n-th consecutive check that found pressure.
+    public mutating func measured(
+        _ pressure: Pressure?, used: Int64, now: Double, backoff: (Int) -> Double
+    ) -> Transition? {
+        switch (state, pressure) {
+        case (.open, nil):
+            nextRoutineCheck = now + routineInterval
+            return nil
+        case (.open, let pressure?):
+            let wait = backoff(1)
+            state = .closed(pressure, checks: 1, nextCheck: now + wait)
+            return .closed(pressure, retryIn: wait)
+        case (.closed(_, let checks, _), let pressure?):
+            let wait = backoff(checks + 1)
+            state = .closed(pressure, checks: checks + 1, nextCheck: now + wait)
+            return .stillClosed(pressure, retryIn: wait)
+        case (.closed, nil):
+            state = .open
+            nextRoutineCheck = now + routineInterval
+            return .reopened(used: used)
+        }
+    }
+}
+
+/// Shared between the daemon (reads `sessionsAllowed`, nudges when a session was refused for space) and its
+/// storage watch task (writes them).
+final class StorageSignals: Sendable {
+    enum Nudge: Sendable, Equatable {
+        case overBudget
+        case diskFull
+    }
+
+    private let allowed = LockedValue(true)
+    private let pending = LockedValue<Nudge?>(nil)
+
+    var sessionsAllowed: Bool { allowed.withLock { $0 } }
+    func setSessionsAllowed(_ value: Bool) { allowed.withLock { $0 = value } }
+
+    /// A session was refused for space: no new session until the watch has checked (it sets the answer).
+    func nudge(_ nudge: Nudge) {
+        allowed.withLock { $0 = false }
+        pending.withLock { if $0 != .diskFull { $0 = nudge } }
+    }
+
+    func takeNudge() -> Nudge? {
+        pending.withLock { value in
+            defer { value = nil }
+            return value
+        }
+    }
+}
+
+/// The daemon's storage housekeeping, on its own connection and task so that a long prune on a slow SD card
+/// never holds up the scheduling loop or a session's commit for long (each prune step is a short
+/// transaction). Delivered-event retention is the forwarder's (`retention_hours`); this makes room when the
+/// budget or the disk demands it.
+struct StorageWatch: Sendable {
+    let databasePath: String
+    let budget: Int64
+    let signals: StorageSignals
+    let log: any LogSink
+    let clock: any MonotonicClock
+    /// The scheduler's backoff after n consecutive failures.
+    let backoff: @Sendable (Int) -> Double
+
+    func run() async {
+        var gate = StorageGate()
+        var store: GatewayStore?
+        var lastError = ""
+        while !Task.isCancelled {
+            do {
+                let opened = try store ?? GatewayStore(path: databasePath)
+                store = opened
+                try tick(now: clock.now(), gate: &gate, store: opened)
+                lastError = ""
+            } catch {
+                    // A check that cannot run (file locked past the busy timeout, I/O error) changes nothing;
+                    // it is retried on the next tick, and logged once until it works again.
+                let text = "\(error)"
+                if text != lastError { log.log(.warning, "storage: cannot check the store: \(text)") }
+                lastError = text
+                store = nil
+                try? await Task.sleep(nanoseconds: 5_000_000_000)
+            }
+            try? await Task.sleep(nanoseconds: 500_000_000)
+        }
+    }
+
+    /// One turn of the watch: if a check is due (or a session was refused for space), measure, make room, and
+    /// set whether sessions may start. Returns whether a check ran.
+    @discardableResult
+    func tick(now: Double, gate: inout StorageGate, store: GatewayStore) throws -> Bool {
+        let nudge = signals.takeNudge()
+        guard gate.isCheckDue(now: now, nudged: nudge != nil) else {
+            // A nudge the closed gate does not act on must not leave sessions blocked by it.
+            if nudge != nil { signals.setSessionsAllowed(gate.sessionsAllowed) }
+            return false
+        }
+        let (pressure, used) = try measure(
+            store, sawDiskFull: nudge == .diskFull, wantHeadroom: nudge != nil || !gate.sessionsAllowed)
+        if let transition = gate.measured(pressure, used: used, now: now, backoff: backoff) {
+            report(transition)
+        }
+        signals.setSessionsAllowed(gate.sessionsAllowed)
+        return true
+    }
+
+    /// Measures, and when short of room makes what room it can before judging. Hysteresis: once short of room
+    /// (`wantHeadroom`: the gate is closed, or a session was just refused), sessions resume only with 10% of
+    /// the budget free again, so that they run for a while instead of reconnecting for every window (the WAL
+    /// alone swings by megabytes between checkpoints).
+    func measure(_ store: GatewayStore, sawDiskFull: Bool, wantHeadroom: Bool) throws -> (StorageGate.Pressure?, Int64) {
+        let floor = GatewayStore.freeSpaceFloorBytes
+        let headroom = budget / 10 * 9
+        let reserve = GatewayStore.reserveBytes(forBudget: budget)
+        let used = try store.diskBytes()
+        let lowOnSpace = sawDiskFull || (store.freeBytes().map { $0 < floor } ?? false)
+        if lowOnSpace, store.releaseReserve() {
+            log.log(
+                .notice,
+                "storage: disk full: gave back the \(reserve)-byte reserve (\(store.reservePath)) so that SQLite can "
+                    + "checkpoint its WAL and delete delivered events")
+        }
+        // No room to put the reserve back counts as a full disk too: make room for it first.
+        let short = lowOnSpace || !store.ensureReserve(bytes: reserve)
+        guard short || used > (wantHeadroom ? headroom : budget) else { return (nil, used) }
+        let relief = try store.relieveStoragePressure(target: short ? 0 : headroom)
+        if relief.eventsPruned > 0 {
+            log.log(
+                .notice,
+                "storage: pruned \(relief.eventsPruned) delivered events (\(relief.framesPruned) frames), oldest "
+                    + "first, to make room: store \(relief.bytesBefore) -> \(relief.bytesAfter) bytes")
+        }
+        // Sessions resume only with the reserve back in place (and the floor free), so that the next full disk
+        // can be recovered from in the same way.
+        let reserved = store.ensureReserve(bytes: reserve)
+        let free = store.freeBytes()
+        if relief.diskFull || !reserved || (free.map { $0 < floor } ?? false) {
+            return (.diskFull(free: free), relief.bytesAfter)
+        }
+        if relief.bytesAfter > headroom { return (.overBudget(used: relief.bytesAfter, budget: budget), relief.bytesAfter) }
+        return (nil, relief.bytesAfter)
+    }
+
+    private func report(_ transition: StorageGate.Transition) {
+        func why(_ pressure: StorageGate.Pressure) -> String {
+            switch pressure {
+            case .overBudget(let used, let budget):
+                "the store uses \(used) bytes of its budget of \(budget) (new sessions wait for it to drop below 90%)"
+            case .diskFull(let free):
+                "the disk is full (\(free.map { "\($0) bytes free" } ?? "free space unknown"), SQLite needs room)"
+            }
+        }
+        switch transition {
+        case .closed(let pressure, let wait):
+            log.log(
+                .warning,
+                "storage: \(why(pressure)) and nothing delivered is left to prune: no new sessions (peripherals "
+                    + "keep their events) until the uplink drains or space is freed; checking again in "
+                    + String(format: "%.0f s, then less and less often", wait))
+        case .stillClosed(let pressure, let wait):
+            log.log(.debug, "storage: still short of room (\(why(pressure))); next check in " + String(format: "%.0f s", wait))
+        case .reopened(let used):
+            log.log(.notice, "storage: room again (store \(used) bytes, budget \(budget)): sessions resume")
+        }
+    }
+}
