@@ -89,6 +89,15 @@ start_daemon() {
     DAEMON_PID=$!
     echo "--- ferry run started, pid $DAEMON_PID ($(date +%T.%N))" >>"$DAEMON_LOG"
 }
+# Until the daemon started last has logged its start line (its signal handling is installed by then): a SIGTERM
+# that lands while a loaded VM is still loading the binary kills it with the default action (exit 143).
+wait_started() {
+    local deadline=$(( $(date +%s) + 30 ))
+    until awk -v m="--- ferry run started, pid $DAEMON_PID " 'index($0, m) == 1 { seen = 1 } seen && /ferry run: store / { found = 1 } END { exit !found }' "$DAEMON_LOG"; do
+        [[ $(date +%s) -ge $deadline ]] && { echo "--- ferry run pid $DAEMON_PID: no start line within 30 s" >>"$DAEMON_LOG"; return 1; }
+        sleep 0.2
+    done
+}
 drained() { $CHECK drained --allowed "$ALLOWED_CSV" --gateway-db "$GATEWAY_DB" --backend-db "$BACKEND_DB" "$@"; }
 add_events() { echo "add all $1" >"$FERRY_TESTBED_CONTROL"; }
 
@@ -127,6 +136,7 @@ pass "B: ferry run SIGKILLed $KILLS times at random moments and restarted"
 
 # SIGTERM mid-transfer: bounded exit, every ACK committed
 add_events 300
+wait_started
 sleep 4
 T=$(now)
 kill -TERM "$DAEMON_PID"; wait "$DAEMON_PID"; RC=$?
