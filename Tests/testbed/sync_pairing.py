@@ -104,8 +104,11 @@ def scenario_c(c: b.Checks, p2: str, db: str) -> None:
             f"{r.brief()}; connections {before['connections']} -> {s['connections']}")
 
     r = b.ferry(b.sync_args(p2, db, timeout=60), limit=90)
-    c.check("c sync, encryption required and pairing refused: exit 1 within 20 s, one line naming encryption",
-            one_error_line(r, "encrypt") and r.seconds < 20, r.brief())
+    # Well inside the 60 s --timeout, i.e. ended by the refusal, not by the timeout. Not tighter: the wall time
+    # includes discovery when bluetoothd has already expired its temporary device object (~15 s of it in a
+    # loaded CI run, 19 s inside ferry; 2-3 s when the device is still known) and ~3-5 s of process start-up.
+    c.check("c sync, encryption required and pairing refused: exit 1 within 45 s, one line naming encryption",
+            one_error_line(r, "encrypt") and r.seconds < 45, r.brief())
     s = b.stats_when(p2, lambda s: s["connected"] == 0, timeout=5.0)
     c.check("c nothing stored for P2", frame_rows(db, p2) == 0, f"rows {frame_rows(db, p2)}")
     c.check("c the peripheral sent nothing and its link was never encrypted",
