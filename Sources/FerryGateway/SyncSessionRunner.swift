@@ -29,6 +29,8 @@ public struct SyncSummary: Sendable, Equatable {
     public var gapsRecorded = 0
     public var regressions = 0
     public var corrupt = 0
+    /// Bytes received on DATA (whole notifications, noise included): the metrics' bytes counter.
+    public var bytesReceived = 0
     /// How the session ended (nil while it runs).
     public var end: SessionEnd?
     /// The end as log text: the machine's reason or the subscribe error; nil for a link loss (as before
@@ -112,6 +114,7 @@ public final class SyncSessionRunner {
     }
 
     public func receive(_ bytes: [UInt8]) async {
+        summary.bytesReceived &+= bytes.count
         await execute(machine.bytesReceived(bytes, now: clock.now()))
     }
 
