@@ -286,6 +286,21 @@ public final class MetricsHTTPServer: Sendable {
             offset += n
         }
         shutdown(fd, Int32(SHUT_WR))
+        // Lingering close: a client whose request was cut short (431, 408) may still be sending; closing with
+        // unread input would reset the connection and could destroy the answer before it reads it. Drain
+        // briefly (bounded in time and bytes), then close.
+        let lingerUntil = Self.now() + 0.5
+        var sink = [UInt8](repeating: 0, count: 4096)
+        var drained = 0
+        while drained < 65_536, Self.now() < lingerUntil {
+            var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            guard poll(&p, 1, 100) >= 0 else { return }
+            if p.revents == 0 { continue }
+            let n = sink.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+            if n < 0 && (errno == EAGAIN || errno == EINTR) { continue }
+            guard n > 0 else { return }  // the client closed: done
+            drained += n
+        }
     }
 
     static func head(status: Int, contentType: String, length: Int) -> String {
