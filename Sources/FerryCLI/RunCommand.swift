@@ -38,6 +38,9 @@ enum RunCommand {
         Under systemd (Type=notify): READY=1 once the store is open and the adapter found, STATUS= with the
         slots in use and the backlog, and WATCHDOG=1 only while the scheduling loop, the D-Bus connection and
         the forwarder all make progress (WatchdogSec= then restarts a hung daemon).
+        With "metrics_listen": "127.0.0.1:9464" in the config: Prometheus metrics at /metrics and a health check
+        at /healthz (200 only while ready and every part makes progress), see docs/CONFIG.md. Either way the
+        daemon keeps its live view (slots, sessions) in STATE_DIR/ferry-live.json for `ferry status`.
         Logs: one line per event on stderr ("ferry[level]: ..."; with syslog priority prefixes under systemd).
         Exit status: 0 stopped by a signal; 1 failure; 2 config or usage error (the message names the key).
         """

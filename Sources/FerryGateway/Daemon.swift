@@ -435,7 +435,7 @@ public actor GatewayDaemon {
         let settings = SessionSettings(
             policy: policy, configuration: configuration.sessionConfiguration, databasePath: configuration.databasePath,
             connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: effectiveDiskBudget,
-            requireBond: configuration.requireBond)
+            requireBond: configuration.requireBond, metrics: metrics)
         let log = self.log
         let clock = self.clock
         let task = Task {
@@ -574,6 +574,8 @@ struct SessionSettings: Sendable {
     var connectTimeout: Double
     var diskBudgetBytes: Int64?
     var requireBond = true
+    /// Counts frames and bytes as the session goes (nil: metrics off).
+    var metrics: GatewayMetrics?
 }
 
 struct SessionResult: Sendable {
@@ -657,6 +659,7 @@ struct SessionWorker: Sendable {
         let runner = SyncSessionRunner(
             peripheral: address, store: store, transport: transport, configuration: configuration, clock: clock,
             log: log, diskBudgetBytes: settings.diskBudgetBytes)
+        runner.metrics = settings.metrics
         log.log(
             .info,
             "\(address): connected in \(String(format: "%.2f", connectSeconds)) s"

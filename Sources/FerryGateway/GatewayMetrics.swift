@@ -173,13 +173,21 @@ public final class GatewayMetrics: Sendable {
         registry.withLock { r in
             r.add(FerryMetric.sessions, labels: MetricsRegistry.Labels(["outcome": outcome.rawValue]))
             if let connect = result.connectSeconds { r.observe(FerryMetric.connectSeconds, connect) }
-            if let s = result.summary {
-                r.add(FerryMetric.framesStored, Double(s.framesStored))
-                r.add(FerryMetric.bytesReceived, Double(s.bytesReceived))
+            if let s = result.summary {  // frames and bytes were counted as they came (`stored`, `received`)
                 r.add(FerryMetric.gaps, Double(s.gapsRecorded))
                 r.add(FerryMetric.regressions, Double(s.regressions))
             }
         }
+    }
+
+    /// Frames a session just committed (SyncSessionRunner, per commit).
+    func stored(frames: Int) {
+        registry.withLock { $0.add(FerryMetric.framesStored, Double(frames)) }
+    }
+
+    /// Bytes a session just received on DATA (SyncSessionRunner, per notification).
+    func received(bytes: Int) {
+        registry.withLock { $0.add(FerryMetric.bytesReceived, Double(bytes)) }
     }
 
     func slotsInUse(_ count: Int) {

@@ -87,13 +87,13 @@ import Testing
         let metrics = GatewayMetrics(maxConnections: 3)
         var summary = SyncSummary(peripheral: "AA:BB:CC:DD:EE:01")
         summary.end = .disconnected(.caughtUp)
-        summary.framesStored = 40
-        summary.bytesReceived = 1234
+        metrics.stored(frames: 40)
+        metrics.received(bytes: 1234)
         summary.gapsRecorded = 1
         metrics.sessionEnded(SessionResult(outcome: .caughtUp, summary: summary, connectSeconds: 0.8))
         summary.end = .linkLost
-        summary.framesStored = 2
-        summary.bytesReceived = 66
+        metrics.stored(frames: 2)
+        metrics.received(bytes: 66)
         metrics.sessionEnded(SessionResult(outcome: .failed, summary: summary, connectSeconds: 3))
         metrics.sessionEnded(SessionResult(outcome: .failed))
         metrics.slotsInUse(2)
@@ -362,4 +362,32 @@ final class Client {
         send(Array(request.utf8))
         return readAll(for: seconds)
     }
+}
+
+/// Frames and bytes are counted as they commit and arrive, through a hostile simulated link: the counter ends
+/// equal to what the store holds, whatever the duplicates, corruption and reconnects.
+@Test func framesStoredCounterMatchesTheStoreThroughAHostileLink() async throws {
+    let dir = try TemporaryDirectory("metrics-live")
+    defer { dir.remove() }
+    let peripheral = try SimulatedPeripheral(directory: nil, faults: hostileLink(), seed: 15)
+    try peripheral.record(count: 1_500)
+    let store = try GatewayStore(path: dir.path("g.sqlite"))
+    let clock = ManualClock()
+    let address = PeripheralAddress("C0:FF:EE:00:00:03")!
+    let metrics = GatewayMetrics(maxConnections: 3)
+    var counted: [Double] = []
+    let results = await SessionDriver.syncUntilCaughtUp(peripheral, clock: clock) { transport in
+        counted.append(metrics.snapshot.value(FerryMetric.framesStored) ?? -1)
+        let runner = SyncSessionRunner(peripheral: address, store: store, transport: transport, clock: clock)
+        runner.metrics = metrics
+        return runner
+    }
+    #expect(results.last?.summary.disconnectReason == "caughtUp")
+    let stored = try store.frames(of: StreamKey(peripheral: address, epoch: peripheral.epoch)).count
+    #expect(stored == 1_500)
+    #expect(metrics.snapshot.value(FerryMetric.framesStored) == Double(stored))
+    #expect(counted.count == results.count && counted.first == 0)
+    if results.count > 1 { #expect(counted[1] > 0, "counted during the sessions, not at the end") }
+    let bytes = results.reduce(0) { $0 + $1.summary.bytesReceived }
+    #expect(bytes > 0 && metrics.snapshot.value(FerryMetric.bytesReceived) == Double(bytes))
 }
