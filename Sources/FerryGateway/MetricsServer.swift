@@ -96,6 +96,7 @@ public final class MetricsHTTPServer: Sendable {
     private let active = LockedValue(0)
     private let stopped = LockedValue(false)
     private let acceptEnded = LockedValue(false)
+    private let started = LockedValue(false)
 
     /// Binds and listens at once (so a bad address or a taken port fails the start, in one line); `start()`
     /// then serves. `handler` gets the request path (query removed) of a GET and answers it; it runs on a
@@ -147,6 +148,7 @@ public final class MetricsHTTPServer: Sendable {
 
     /// Starts the accept thread.
     public func start() {
+        guard !started.withLock({ s in defer { s = true }; return s }) else { return }
         let thread = Thread { [self] in acceptLoop() }
         thread.name = "ferry-metrics"
         thread.start()
@@ -155,7 +157,12 @@ public final class MetricsHTTPServer: Sendable {
     /// Stops accepting and closes the listening socket (connections in progress finish on their own, bounded
     /// by their deadlines). Returns once the accept thread has let go of the socket.
     public func stop() {
-        stopped.withLock { $0 = true }
+        let wasStarted = started.withLock { s in defer { s = true }; return s }  // no start after a stop
+        guard !stopped.withLock({ s in defer { s = true }; return s }) else { return }
+        guard wasStarted else {
+            close(listener)  // never served: no accept thread to wait for
+            return
+        }
         while !acceptEnded.withLock({ $0 }) { usleep(10_000) }
     }
 

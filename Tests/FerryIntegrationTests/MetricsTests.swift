@@ -294,6 +294,13 @@ final class FixedWallClock: WallClock {
         #expect(throws: MetricsHTTPServer.StartError.self) {
             _ = try MetricsHTTPServer(address: ListenAddress(host: "127.0.0.1", port: s.port)) { _ in .init(status: 200, body: "") }
         }
+        // A server stopped without ever being started lets go of its port (and stop does not wait for a thread).
+        let unstarted = try MetricsHTTPServer(address: ListenAddress(host: "127.0.0.1", port: 0)) { _ in .init(status: 200, body: "") }
+        let port = unstarted.port
+        unstarted.stop()
+        unstarted.stop()
+        let again = try MetricsHTTPServer(address: ListenAddress(host: "127.0.0.1", port: port)) { _ in .init(status: 200, body: "") }
+        again.stop()
     }
 
     func waitUntil(_ condition: () -> Bool) throws {
