@@ -224,7 +224,9 @@ public actor GatewayDaemon {
                 }
             }
             if let client, let adapter {
-                if await !adapter.isPowered() {
+                let powered = await adapter.isPowered()
+                metrics?.adapter(powered: powered)
+                if !powered {
                     if await client.objects.isServiceAvailable, now - lastPowerAttempt > 10 {
                         lastPowerAttempt = now
                         log.log(.notice, "adapter \(adapter.name) is powered off: powering it on")
@@ -256,6 +258,7 @@ public actor GatewayDaemon {
                     }
                 }
             }
+            if adapter == nil { metrics?.adapter(powered: false) }
             publishStatus(adapter: adapter?.name)
             publishLiveView(adapter: adapter?.name)
             // Polling keeps the loop simple and obviously bounded; 250 ms is invisible next to a connect (≥ 0.3 s).

@@ -21,6 +21,7 @@ public enum FerryMetric {
     public static let diskBytes = "ferry_store_disk_bytes"
     public static let diskBudget = "ferry_store_disk_budget_bytes"
     public static let storeReadable = "ferry_store_readable"
+    public static let adapterPowered = "ferry_adapter_powered"
 
     /// Connect latency buckets (seconds): a good link connects in well under a second, a busy or distant one
     /// in a few, and `connect_timeout_seconds` (35 by default) bounds the rest.
@@ -46,6 +47,8 @@ public enum FerryMetric {
         r.declare(
             connectSeconds, .histogram, help: "Time from starting a session to a resolved Sync service, in seconds.",
             buckets: connectBuckets)
+        r.declare(adapterPowered, .gauge, help: "1 while the Bluetooth adapter is found and powered, else 0.")
+        r.set(adapterPowered, 0)
         r.declare(slotsInUse, .gauge, help: "Connection slots held by sessions (connecting or connected).")
         r.set(slotsInUse, 0)
         r.declare(slots, .gauge, help: "Connection slots configured (max_connections).")
@@ -188,6 +191,10 @@ public final class GatewayMetrics: Sendable {
     /// Bytes a session just received on DATA (SyncSessionRunner, per notification).
     func received(bytes: Int) {
         registry.withLock { $0.add(FerryMetric.bytesReceived, Double(bytes)) }
+    }
+
+    func adapter(powered: Bool) {
+        registry.withLock { $0.set(FerryMetric.adapterPowered, powered ? 1 : 0) }
     }
 
     func slotsInUse(_ count: Int) {

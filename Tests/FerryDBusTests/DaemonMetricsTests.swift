@@ -61,6 +61,7 @@ import Testing
         #expect(endpoint.respond(path: "/healthz") == .init(status: 200, body: "ok\n"))
         let scrape = endpoint.respond(path: "/metrics").body
         #expect(scrape.contains("\nferry_slots 3\n") && scrape.contains("\nferry_store_readable 1\n"))
+        #expect(scrape.contains("\nferry_adapter_powered 1\n"))
         try await waitFor("the live view") { liveFile.readFresh(nowMillis: SystemWallClock().nowMillis())?.adapter == "hci0" }
         let view = try #require(liveFile.readFresh(nowMillis: SystemWallClock().nowMillis()))
         #expect(view.pid == getpid() && view.maxConnections == 3)
