@@ -38,6 +38,9 @@ enum RunCommand {
         Under systemd (Type=notify): READY=1 once the store is open and the adapter found, STATUS= with the
         slots in use and the backlog, and WATCHDOG=1 only while the scheduling loop, the D-Bus connection and
         the forwarder all make progress (WatchdogSec= then restarts a hung daemon).
+        With "metrics_listen": "127.0.0.1:9464" in the config: Prometheus metrics at /metrics and a health check
+        at /healthz (200 only while ready and every part makes progress), see docs/CONFIG.md. Either way the
+        daemon keeps its live view (slots, sessions) in STATE_DIR/ferry-live.json for `ferry status`.
         Logs: one line per event on stderr ("ferry[level]: ..."; with syslog priority prefixes under systemd).
         Exit status: 0 stopped by a signal; 1 failure; 2 config or usage error (the message names the key).
         """
@@ -67,11 +70,16 @@ enum RunCommand {
         }
         let bus = args.values["--bus"]
         let supervision = Supervision.make(configuration, log: log)
+        // /healthz judges the same heartbeats as systemd's watchdog: one DaemonHealth for both.
+        let health = supervision?.health
+            ?? (configuration.metricsListen != nil ? DaemonHealth(monitor: Supervision.monitor(configuration)) : nil)
+        let metrics = try MetricsService.start(configuration, health: health, log: log)
+        defer { metrics?.server.stop() }
         let daemon = GatewayDaemon(
             configuration: configuration, log: log,
             connectBus: {
                 try await DBusConnection.connect(to: bus.map { .address($0) } ?? .system, defaultCallTimeout: .seconds(25))
-            }, health: supervision?.health)
+            }, health: health, metrics: metrics?.metrics)
         supervision?.start()
         defer { supervision?.stop() }
 
@@ -190,12 +198,45 @@ struct Supervision {
     static func make(_ configuration: DaemonConfiguration, log: any LogSink) -> Supervision? {
         let notifier = SystemdNotifier.fromEnvironment()
         guard notifier.isActive else { return nil }
+        let health = DaemonHealth(monitor: monitor(configuration))
+        return Supervision(health: health, thread: SystemdSupervision(notifier: notifier, health: health, log: log))
+    }
+
+    static func monitor(_ configuration: DaemonConfiguration) -> WatchdogMonitor {
         var monitor = WatchdogMonitor()
         monitor.limits[.forwarder] = max(120, Double(configuration.uplink.timeoutSeconds) * 2 + 30)
-        let health = DaemonHealth(monitor: monitor)
-        return Supervision(health: health, thread: SystemdSupervision(notifier: notifier, health: health, log: log))
+        return monitor
     }
 
     func start() { thread.start() }
     func stop() { thread.stop() }
+}
+
+/// The metrics endpoint for `ferry run` when `metrics_listen` is set: the registry the daemon updates and the
+/// HTTP server that renders it. A port that cannot be opened fails the start (exit 1) rather than running
+/// unobserved when the operator asked to observe.
+struct MetricsService {
+    let metrics: GatewayMetrics
+    let server: MetricsHTTPServer
+
+    static func start(_ configuration: DaemonConfiguration, health: DaemonHealth?, log: any LogSink) throws -> MetricsService? {
+        guard let address = configuration.metricsListen, let health else { return nil }
+        let metrics = GatewayMetrics(maxConnections: configuration.maxConnections)
+        let endpoint = MetricsEndpoint(metrics: metrics, health: health, databasePath: configuration.databasePath)
+        let server: MetricsHTTPServer
+        do {
+            server = try MetricsHTTPServer(address: address) { endpoint.respond(path: $0) }
+        } catch {
+            throw CommandFailure("\(error)")
+        }
+        if !address.isLoopback {
+            log.log(
+                .warning,
+                "metrics_listen \(address) is not a loopback address: anyone who can reach it reads the peripherals' "
+                    + "addresses, backlogs and the uplink state (no authentication); firewall it or use 127.0.0.1")
+        }
+        log.log(.notice, "metrics: http://\(address)/metrics and /healthz")
+        server.start()
+        return MetricsService(metrics: metrics, server: server)
+    }
 }

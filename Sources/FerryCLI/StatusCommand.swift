@@ -1,5 +1,10 @@
+import FerryGateway
 import FerryStore
 import FerryUplink
+
+#if canImport(Glibc)
+    import Glibc
+#endif
 
 enum StatusCommand {
     static let help = """
@@ -11,11 +16,17 @@ enum StatusCommand {
         uplink as its forwarder (ferry run or ferry forward) last recorded it: online, offline since T (the
         backend unreachable or failing; nothing is used up while offline), paused for credentials since T
         (401/403 or an unusable token file), or no forwarder running; with the backlog (PENDING + IN_FLIGHT).
+        When `ferry run` is running on this store, also its live view (from ferry-live.json beside the store,
+        which the daemon rewrites at least every 10 s): the adapter, slots in use and the current sessions
+        (connecting, syncing, or live when it stays connected) with how long each has held its slot.
         Opens the store read-only: never migrates or writes it (an older store is reported, not migrated).
 
         --json prints {"streams":[{"peripheral","epoch","device_epoch","cursor","frames_staged","active"}],
                        "outbox":{"PENDING","IN_FLIGHT","COMPLETED","FAILED"},"oldest_pending_age_seconds",
-                       "disk_bytes","uplink":{"state","since","detail","pid","backlog"}}
+                       "disk_bytes","uplink":{"state","since","detail","pid","backlog"},
+                       "daemon":{"running","pid","adapter","slots_in_use","max_connections",
+                                 "sessions":[{"peripheral","phase","seconds"}]}}
+        (daemon: only "running": false when no ferry run is running on this store).
         (uplink.state: online | offline | paused | not running; since: RFC 3339 or null).
         (epoch and cursor as decimal strings; device_epoch differs from epoch after a counter regression).
         """
@@ -48,6 +59,7 @@ enum StatusCommand {
         let since = running ? uplink?.since.map { UplinkTimestamp(millisecondsSince1970: $0).rfc3339 } : nil
         let detail = running && state != "online" ? uplink?.detail : nil
         let statuses = ["PENDING", "IN_FLIGHT", "COMPLETED", "FAILED"]
+        let live = liveView(nextTo: dbPath, now: now)
         if args.flags.contains("--json") {
             output.out(
                 JSON.object([
@@ -73,6 +85,7 @@ enum StatusCommand {
                             ("pid", running ? .int(Int(uplink?.pid ?? 0)) : .null), ("backlog", .int(backlog)),
                         ])
                     ),
+                    ("daemon", daemonJSON(live)),
                 ]).text)
             return 0
         }
@@ -100,6 +113,43 @@ enum StatusCommand {
         default:
             output.out("uplink: \(state) (forwarder pid \(uplink?.pid ?? 0)); backlog \(backlog) events")
         }
+        output.out(daemonLine(live))
+        for session in live?.sessions ?? [] {
+            output.out("  \(session.peripheral): \(session.phase) for \(Int(session.seconds.rounded())) s")
+        }
         return 0
+    }
+
+    /// The running daemon's live view, or nil when none runs on this store (no file, a stale one, or its
+    /// process gone: a SIGKILLed daemon leaves the file behind).
+    static func liveView(nextTo dbPath: String, now: Int64) -> LiveView? {
+        guard let view = LiveViewFile(databasePath: dbPath).readFresh(nowMillis: now) else { return nil }
+        // EPERM: the process exists but belongs to another user (the ferry service user).
+        guard view.pid > 0, kill(view.pid, 0) == 0 || errno == EPERM else { return nil }
+        return view
+    }
+
+    static func daemonLine(_ view: LiveView?) -> String {
+        guard let view else { return "daemon: not running on this store" }
+        return "daemon: running (pid \(view.pid)), adapter \(view.adapter ?? "not found yet"), "
+            + "\(view.slotsInUse) of \(view.maxConnections) slots in use"
+    }
+
+    static func daemonJSON(_ view: LiveView?) -> JSON {
+        guard let view else { return .object([("running", .bool(false))]) }
+        return .object([
+            ("running", .bool(true)), ("pid", .int(Int(view.pid))), ("adapter", view.adapter.map { .string($0) } ?? .null),
+            ("slots_in_use", .int(view.slotsInUse)), ("max_connections", .int(view.maxConnections)),
+            (
+                "sessions",
+                .array(
+                    view.sessions.map {
+                        .object([
+                            ("peripheral", .string($0.peripheral)), ("phase", .string($0.phase)),
+                            ("seconds", .double($0.seconds)),
+                        ])
+                    })
+            ),
+        ])
     }
 }

@@ -24,6 +24,12 @@ public actor GatewayDaemon {
     private let connectBus: @Sendable () async throws -> DBusConnection
     /// Heartbeats, readiness and the status line for systemd (`SystemdSupervision`); see Watchdog.swift.
     private let health: DaemonHealth?
+    /// The metrics registry served at `metrics_listen` (GatewayMetrics.swift); nil when the endpoint is off.
+    private let metrics: GatewayMetrics?
+    /// `ferry status`'s view of this process (slots, sessions), rewritten on change and every 10 s.
+    private let liveViewFile: LiveViewFile
+    private var liveViewWritten: (view: LiveView, at: Double)?
+    private var liveViewFailedAt: Double?
     private var scheduler: SyncScheduler
     private var sessions: [PeripheralAddress: ActiveSession] = [:]
     private var stopping = false
@@ -56,6 +62,8 @@ public actor GatewayDaemon {
         var staysConnected = false
         /// Set once the session has a live link; `.stop` goes there.
         var control: AsyncStream<LinkEvent>.Continuation?
+        /// Monotonic time the slot was taken (the live view's session age).
+        var startedAt: Double = 0
     }
 
     /// `connectBus` defaults to the system bus (tests and the test bed pass another address).
@@ -64,9 +72,11 @@ public actor GatewayDaemon {
         connectBus: @escaping @Sendable () async throws -> DBusConnection = {
             try await DBusConnection.connect(to: .system, defaultCallTimeout: .seconds(25))
         },
-        health: DaemonHealth? = nil
+        health: DaemonHealth? = nil, metrics: GatewayMetrics? = nil
     ) {
         self.health = health
+        self.metrics = metrics
+        liveViewFile = LiveViewFile(databasePath: configuration.databasePath)
         self.configuration = configuration
         self.log = log
         self.clock = clock
@@ -130,6 +140,7 @@ public actor GatewayDaemon {
             Task { await self.beginStop() }
         }
         await shutdown(forwarder: forwarder)
+        liveViewFile.remove()  // no daemon, no live view: `ferry status` says it is not running
         storageWatch.cancel()
         await storageWatch.value
     }
@@ -213,7 +224,9 @@ public actor GatewayDaemon {
                 }
             }
             if let client, let adapter {
-                if await !adapter.isPowered() {
+                let powered = await adapter.isPowered()
+                metrics?.adapter(powered: powered)
+                if !powered {
                     if await client.objects.isServiceAvailable, now - lastPowerAttempt > 10 {
                         lastPowerAttempt = now
                         log.log(.notice, "adapter \(adapter.name) is powered off: powering it on")
@@ -245,7 +258,9 @@ public actor GatewayDaemon {
                     }
                 }
             }
+            if adapter == nil { metrics?.adapter(powered: false) }
             publishStatus(adapter: adapter?.name)
+            publishLiveView(adapter: adapter?.name)
             // Polling keeps the loop simple and obviously bounded; 250 ms is invisible next to a connect (≥ 0.3 s).
             try? await Task.sleep(nanoseconds: 250_000_000)
         }
@@ -285,6 +300,38 @@ public actor GatewayDaemon {
         health.setStatus(
             "\(sessions.count) of \(configuration.maxConnections) slots in use, \(states.count) peripherals, "
                 + "backlog \(backlog) frames" + (behind > 0 ? " on \(behind)" : "") + ", adapter \(adapter)")
+    }
+
+    /// The live view for `ferry status` (GatewayMetrics.swift): rewritten when slots or sessions change and
+    /// at least every 10 s (so a reader can tell a running daemon from a file left behind). A small file
+    /// written in place of the old one; a failure is logged once and the daemon carries on.
+    private func publishLiveView(adapter: String?) {
+        let now = clock.now()
+        let view = LiveView(
+            pid: getpid(), updatedAt: 0, adapter: adapter, slotsInUse: sessions.count,
+            maxConnections: configuration.maxConnections,
+            sessions: sessions.sorted { $0.key.string < $1.key.string }.map { address, session in
+                LiveView.Session(
+                    peripheral: address.string,
+                    phase: session.control == nil ? "connecting" : (session.staysConnected ? "live" : "syncing"),
+                    seconds: 0)
+            })
+        if let written = liveViewWritten, written.view == view, now - written.at < 10 { return }
+        var stamped = view
+        stamped.updatedAt = SystemWallClock().nowMillis()
+        for (i, address) in sessions.keys.sorted(by: { $0.string < $1.string }).enumerated() {
+            stamped.sessions[i].seconds = ((now - (sessions[address]?.startedAt ?? now)) * 10).rounded() / 10
+        }
+        do {
+            try liveViewFile.write(stamped)
+            liveViewWritten = (view, now)
+        } catch {
+            if liveViewWritten != nil || now - (liveViewFailedAt ?? -.infinity) > 3600 {
+                log.log(.warning, "cannot write the live view \(liveViewFile.path): \(error)")
+                liveViewFailedAt = now
+            }
+            liveViewWritten = nil
+        }
     }
 
     private func refreshCandidates(client: BlueZClient, adapter: BlueZAdapter) async {
@@ -391,7 +438,7 @@ public actor GatewayDaemon {
         let settings = SessionSettings(
             policy: policy, configuration: configuration.sessionConfiguration, databasePath: configuration.databasePath,
             connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: effectiveDiskBudget,
-            requireBond: configuration.requireBond)
+            requireBond: configuration.requireBond, metrics: metrics)
         let log = self.log
         let clock = self.clock
         let task = Task {
@@ -399,7 +446,9 @@ public actor GatewayDaemon {
                 .run(register: { continuation in await self.attach(policy.address, continuation) })
             self.finished(policy.address, result)
         }
-        sessions[policy.address] = ActiveSession(task: task, staysConnected: policy.stayConnected, control: nil)
+        sessions[policy.address] = ActiveSession(
+            task: task, staysConnected: policy.stayConnected, control: nil, startedAt: clock.now())
+        metrics?.slotsInUse(sessions.count)
     }
 
     /// `policy`, or its sync-and-release form when a stay-connected session now would leave the sync-and-release
@@ -428,6 +477,8 @@ public actor GatewayDaemon {
 
     private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
         sessions[address] = nil
+        metrics?.sessionEnded(result)
+        metrics?.slotsInUse(sessions.count)
         scheduler.finished(address, outcome: result.outcome, now: clock.now())
         if result.bondMissingAfterConnect {
             // Refused and reported, never re-paired: pairing is the operator's act (ferry pair).
@@ -457,6 +508,7 @@ public actor GatewayDaemon {
     private func startStorageWatch(databasePath: String) -> Task<Void, Never> {
         let budget = configuration.diskBudgetBytes ?? GatewayStore.defaultDiskBudget(forStoreAt: databasePath)
         effectiveDiskBudget = budget
+        metrics?.diskBudget(budget)
         log.log(
             .info,
             "storage: disk budget \(budget) bytes"
@@ -525,6 +577,8 @@ struct SessionSettings: Sendable {
     var connectTimeout: Double
     var diskBudgetBytes: Int64?
     var requireBond = true
+    /// Counts frames and bytes as the session goes (nil: metrics off).
+    var metrics: GatewayMetrics?
 }
 
 struct SessionResult: Sendable {
@@ -533,6 +587,8 @@ struct SessionResult: Sendable {
     /// require_bond: the device was connected but BlueZ held no key for it (checked after the connect and
     /// again before the first GATT access). The session never touched the Sync service.
     var bondMissingAfterConnect = false
+    /// Seconds from the start to a resolved Sync service, when the connect got that far (metrics).
+    var connectSeconds: Double?
 }
 
 /// One slot's work: connect, run the sync session, report. Everything it logs names the peripheral.
@@ -606,6 +662,7 @@ struct SessionWorker: Sendable {
         let runner = SyncSessionRunner(
             peripheral: address, store: store, transport: transport, configuration: configuration, clock: clock,
             log: log, diskBudgetBytes: settings.diskBudgetBytes)
+        runner.metrics = settings.metrics
         log.log(
             .info,
             "\(address): connected in \(String(format: "%.2f", connectSeconds)) s"
@@ -637,7 +694,7 @@ struct SessionWorker: Sendable {
                 + "\(s.regressions) regressions, \(s.corrupt) corrupt"
                 + (s.backpressure ? "; store over its disk budget (backpressure)" : "")
                 + " [via \(transport.notifyMethod?.rawValue ?? "none")]")
-        return SessionResult(outcome: outcome, summary: s)
+        return SessionResult(outcome: outcome, summary: s, connectSeconds: connectSeconds)
     }
 
     /// Under require_bond: nil if BlueZ holds a bond for the connected `device`; otherwise disconnects it and

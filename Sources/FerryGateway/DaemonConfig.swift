@@ -69,6 +69,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var maxSessionSeconds: Double = 600
     public var logLevel: LogLevel = .info
     public var uplink = UplinkSettings()
+    /// The metrics/health HTTP endpoint (off when nil). Loopback unless the operator writes another address.
+    public var metricsListen: ListenAddress?
 
     public init() {}
 
@@ -105,7 +107,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
         "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default", "require_bond",
         "max_connections", "sync_interval_seconds", "backoff_base_seconds", "backoff_cap_seconds", "window",
         "connect_timeout_seconds", "disk_budget_bytes", "retention_hours", "shutdown_grace_seconds", "log_level",
-        "uplink", "no_progress_seconds", "max_session_seconds",
+        "uplink", "no_progress_seconds", "max_session_seconds", "metrics_listen",
     ]
     static let uplinkKeys: Set<String> = [
         "endpoint", "token_file", "gateway_id", "max_in_flight", "batch_events", "timeout_seconds", "max_retries",
@@ -153,6 +155,14 @@ public struct DaemonConfiguration: Sendable, Equatable {
                 throw ConfigError(key: "log_level", problem: "must be debug, info, notice, warning or error, got '\(v)'")
             }
             c.logLevel = level
+        }
+        if let v = try reader.string("metrics_listen") {
+            guard let address = ListenAddress(v) else {
+                throw ConfigError(
+                    key: "metrics_listen",
+                    problem: "must be IP:port or [IPv6]:port with a port in 1...65535, e.g. \"127.0.0.1:9464\", got '\(v)'")
+            }
+            c.metricsListen = address
         }
         if c.backoffCapSeconds < c.backoffBaseSeconds {
             throw ConfigError(key: "backoff_cap_seconds", problem: "must be ≥ backoff_base_seconds")

@@ -29,6 +29,8 @@ public struct SyncSummary: Sendable, Equatable {
     public var gapsRecorded = 0
     public var regressions = 0
     public var corrupt = 0
+    /// Bytes received on DATA (whole notifications, noise included): the metrics' bytes counter.
+    public var bytesReceived = 0
     /// How the session ended (nil while it runs).
     public var end: SessionEnd?
     /// The end as log text: the machine's reason or the subscribe error; nil for a link loss (as before
@@ -87,6 +89,9 @@ public final class SyncSessionRunner {
     private let clock: any MonotonicClock
     private let log: any LogSink
     private let diskBudgetBytes: Int64?
+    /// The daemon's metrics, counted as frames commit and bytes arrive (not at the session's end: a
+    /// stay-connected session may last for days).
+    public var metrics: GatewayMetrics?
 
     /// `diskBudgetBytes`: when the store file (with its WAL) is larger, the runner stops committing and so stops
     /// acknowledging: the peripheral keeps its events until the uplink has drained and pruned the store.
@@ -112,6 +117,8 @@ public final class SyncSessionRunner {
     }
 
     public func receive(_ bytes: [UInt8]) async {
+        summary.bytesReceived &+= bytes.count
+        metrics?.received(bytes: bytes.count)
         await execute(machine.bytesReceived(bytes, now: clock.now()))
     }
 
@@ -233,6 +240,7 @@ public final class SyncSessionRunner {
                 let outcome = try commitRetryingWhileBusy(batch, to: current.key)
                 lastCommittedCursor = outcome.cursor
                 summary.framesStored += outcome.framesInserted
+                metrics?.stored(frames: outcome.framesInserted)
                 if let gap = outcome.gapRecorded {
                     log.log(.warning, "\(peripheral): gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
                 }

@@ -27,7 +27,8 @@ import Testing
         #expect(result.status == 0)
         #expect(result.stderr.isEmpty)
         let json = try result.json()
-        #expect(Set(json.keys) == ["streams", "outbox", "oldest_pending_age_seconds", "disk_bytes", "uplink"])
+        #expect(Set(json.keys) == ["streams", "outbox", "oldest_pending_age_seconds", "disk_bytes", "uplink", "daemon"])
+        #expect(json["daemon"] as? [String: Bool] == ["running": false])
         let uplink = try #require(json["uplink"] as? [String: Any])
         #expect(uplink["state"] as? String == "not running")
         #expect(uplink["backlog"] as? Int == 2)
@@ -54,6 +55,35 @@ import Testing
         #expect(text.stdout.contains { $0.hasPrefix("oldest PENDING event: 36") })
     }
 
+    /// The live view file `ferry run` keeps beside the store (written by hand here: the format is the contract).
+    @Test func showsTheRunningDaemonsLiveViewOnlyWhileItIsFreshAndItsProcessExists() throws {
+        let dir = try TemporaryDirectory()
+        let db = dir.file("ferry.sqlite")
+        #expect(ferry("ingest", "--db", db, "--peripheral", peripheral, try dir.write([], to: "empty.bin")).status == 0)
+        func live(pid: Int32, ageMillis: Int64) throws {
+            let now = Int64(Date().timeIntervalSince1970 * 1000)
+            let text = #"{"adapter":"hci0","max_connections":3,"pid":\#(pid),"sessions":[{"peripheral":"AA:BB:CC:DD:EE:01","#
+                + #""phase":"syncing","seconds":12.5}],"slots_in_use":1,"updated_at":\#(now - ageMillis)}"#
+            try text.write(toFile: dir.file("ferry-live.json"), atomically: true, encoding: .utf8)
+        }
+        try live(pid: getpid(), ageMillis: 1000)
+        let json = try ferry("status", "--db", db, "--json").json()
+        let daemon = try #require(json["daemon"] as? [String: Any])
+        #expect(daemon["running"] as? Bool == true)
+        #expect(daemon["pid"] as? Int == Int(getpid()))
+        #expect(daemon["slots_in_use"] as? Int == 1 && daemon["max_connections"] as? Int == 3)
+        #expect(daemon["adapter"] as? String == "hci0")
+        let sessions = try #require(daemon["sessions"] as? [[String: Any]])
+        #expect(sessions.count == 1 && sessions.first?["phase"] as? String == "syncing")
+        let text = ferry("status", "--db", db).stdout
+        #expect(text.contains("daemon: running (pid \(getpid())), adapter hci0, 1 of 3 slots in use"))
+        #expect(text.contains("  AA:BB:CC:DD:EE:01: syncing for 13 s") || text.contains("  AA:BB:CC:DD:EE:01: syncing for 12 s"))
+        try live(pid: getpid(), ageMillis: 60_000)  // not rewritten for a minute: the daemon is gone
+        #expect(ferry("status", "--db", db).stdout.contains("daemon: not running on this store"))
+        try live(pid: Int32.max, ageMillis: 0)  // fresh, but no such process (SIGKILLed daemon)
+        #expect(try ferry("status", "--db", db, "--json").json()["daemon"] as? [String: Bool] == ["running": false])
+    }
+
     @Test func jsonOfAStoreWithoutPendingEventsHasANullAge() throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")
@@ -69,7 +99,7 @@ import Testing
             #"{"streams":[{"peripheral":"C0:FF:EE:00:00:01","epoch":"12345678901234567890","#
             + #""device_epoch":"12345678901234567890","cursor":"0","frames_staged":0,"active":true}],"#
             + #""outbox":{"PENDING":0,"IN_FLIGHT":0,"COMPLETED":0,"FAILED":0},"oldest_pending_age_seconds":null,"#
-            + #""uplink":{"state":"not running","since":null,"detail":null,"pid":null,"backlog":0}}"#
+            + #""uplink":{"state":"not running","since":null,"detail":null,"pid":null,"backlog":0},"daemon":{"running":false}}"#
         #expect([withoutSize] == [expected])
     }
 

@@ -69,6 +69,16 @@ import Testing
         #expect(c.policy(for: paired, trusted: [paired])?.stayConnected == true)
     }
 
+    @Test func metricsListenIsOffByDefaultAndTakesAnIPLiteralWithAPort() throws {
+        #expect(try parse("{}").metricsListen == nil)
+        #expect(try parse(#"{"metrics_listen": null}"#).metricsListen == nil)
+        #expect(try parse(#"{"metrics_listen": "127.0.0.1:9464"}"#).metricsListen == ListenAddress(host: "127.0.0.1", port: 9464))
+        #expect(try parse(#"{"metrics_listen": "[::1]:9464"}"#).metricsListen?.isLoopback == true)
+        #expect(error(#"{"metrics_listen": "localhost:9464"}"#)?.key == "metrics_listen")
+        #expect(error(#"{"metrics_listen": 9464}"#)?.key == "metrics_listen")
+        #expect(error(#"{"metrics_listen": "127.0.0.1"}"#)?.description.contains("127.0.0.1:9464") == true)
+    }
+
     @Test func fullFile() throws {
         let c = try parse(
             """

@@ -13,6 +13,11 @@
       sd_notify as systemd would see it (L from notify_listener.py): READY=1 came, a STATUS= with the slots, and
       WATCHDOG=1 pings before T0, none while the process was stopped (SIGSTOP at T0, SIGCONT at T1), and pings
       again after T1. Prints one 'PASS name' / 'FAIL name: why' line each; exit 1 if any failed.
+  daemon_check.py metrics --url http://127.0.0.1:PORT --allowed A,B,C --gateway-db G --backend-db B [--ferry F]
+      the daemon's metrics endpoint after a drain by ONE daemon process (its counters start at 0): /metrics in
+      the text format with ferry_frames_stored_total equal to the frames in the store and in the backend, sessions
+      counted, the outbox and uplink gauges as the store has them; /healthz 200; 404 elsewhere; and `ferry status
+      --json` showing the running daemon's live view. One 'PASS name' / 'FAIL name: why' line each.
   daemon_check.py scan --expect A,B,C < `ferry scan --json` output
       every expected peripheral is listed with an address type (and the RSSIs seen are printed).
 
@@ -23,8 +28,11 @@ import argparse
 import json
 import os
 import sqlite3
+import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.environ.get("FERRY_TESTBED_DIR", "scripts/testbed.d"))
 import syncproto  # noqa: E402  (event_payload: the bytes seq N must carry)
@@ -189,6 +197,84 @@ def cmd_notify(args):
     return 0 if all(results) else 1
 
 
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+    except OSError as error:
+        return None, str(error)
+
+
+def parse_exposition(text):
+    """{'name{labels}': value} of every sample line."""
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def cmd_metrics(args):
+    results = []
+
+    def check(name, ok, why=""):
+        results.append(ok)
+        print(f"PASS {name}" if ok else f"FAIL {name}: {why}")
+
+    # The drain is judged from the peripherals' ACKs: a sync-and-release session may still be disconnecting
+    # (and so not yet counted as ended) for a moment after its last ACK.
+    deadline = time.monotonic() + 15
+    while True:
+        status, text = fetch(args.url + "/metrics")
+        if time.monotonic() > deadline or 'ferry_sessions_total{outcome="caught_up"} 0' not in text:
+            break
+        time.sleep(0.5)
+    check("metrics: /metrics answers 200 in the Prometheus text format",
+          status == 200 and "# TYPE ferry_frames_stored_total counter" in text, f"status {status}: {text[:200]}")
+    samples = parse_exposition(text) if status == 200 else {}
+    counter = samples.get("ferry_frames_stored_total")
+    gateway = connect(args.gateway_db)
+    stored = gateway.execute("SELECT COUNT(*) FROM staged_frames").fetchone()[0]
+    outbox = outbox_counts(gateway)
+    gateway.close()
+    backend = connect(args.backend_db)
+    delivered = sum(len(backend_seqs(backend, a, peripheral_stats(a)["epoch"])) for a in args.allowed)
+    backend.close()
+    check(f"metrics: ferry_frames_stored_total {counter} = frames in the store {stored} = frames in the backend {delivered}",
+          counter is not None and counter == stored == delivered and stored > 0)
+    caught_up = samples.get('ferry_sessions_total{outcome="caught_up"}', 0)
+    sessions = sum(v for k, v in samples.items() if k.startswith("ferry_sessions_total{"))
+    check(f"metrics: sessions counted by outcome ({int(sessions)} ended, {int(caught_up)} caught up)", caught_up >= 1)
+    gauges = {s: samples.get(f'ferry_outbox_events{{status="{s.lower()}"}}') for s in ("PENDING", "IN_FLIGHT", "COMPLETED")}
+    check(f"metrics: outbox gauges as in the store {gauges}",
+          all(gauges[s] == outbox.get(s, 0) for s in gauges), f"store {outbox}")
+    check("metrics: uplink online, store readable, slots and connect latency reported",
+          samples.get('ferry_uplink_state{state="online"}') == 1 and samples.get("ferry_store_readable") == 1
+          and samples.get("ferry_slots") == 3 and samples.get("ferry_connect_seconds_count", 0) >= 1,
+          json.dumps({k: v for k, v in samples.items() if "uplink" in k or "slots" in k or "connect_seconds_count" in k
+                      or "readable" in k}))
+    backlog = {k: v for k, v in samples.items() if k.startswith("ferry_peripheral_backlog_frames")}
+    # A stay-connected peripheral's first session has not ended yet: no head recorded, no backlog sample.
+    check(f"metrics: per-peripheral backlog 0 after the drain ({len(backlog)} peripherals with a finished session)",
+          backlog and all(v == 0 for v in backlog.values()), json.dumps(backlog))
+    status, body = fetch(args.url + "/healthz")
+    check("metrics: /healthz 200 while the daemon runs", status == 200, f"{status} {body.strip()}")
+    status, _ = fetch(args.url + "/nope")
+    check("metrics: 404 for another path", status == 404, f"{status}")
+    live = subprocess.run([args.ferry, "status", "--db", args.gateway_db, "--json"], capture_output=True, text=True)
+    try:
+        daemon = json.loads(live.stdout).get("daemon", {})
+    except ValueError:
+        daemon = {"stdout": live.stdout[:200], "stderr": live.stderr[:200]}
+    check("ferry status --json shows the running daemon's live view (adapter, slots, sessions)",
+          daemon.get("running") is True and daemon.get("adapter") and daemon.get("max_connections") == 3
+          and isinstance(daemon.get("sessions"), list), json.dumps(daemon))
+    return 0 if all(results) else 1
+
+
 def cmd_scan(args):
     try:
         report = json.load(sys.stdin)
@@ -207,7 +293,9 @@ def cmd_scan(args):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("command", choices=["drained", "acked-committed", "final", "notify", "scan"])
+    p.add_argument("command", choices=["drained", "acked-committed", "final", "notify", "scan", "metrics"])
+    p.add_argument("--url")
+    p.add_argument("--ferry", default=".build/debug/ferry")
     p.add_argument("--allowed", type=lambda s: s.split(","))
     p.add_argument("--expect", type=lambda s: s.split(","))
     p.add_argument("--stranger")
@@ -221,7 +309,7 @@ def main():
     p.add_argument("--timeout", type=float, default=300)
     args = p.parse_args()
     return {"drained": cmd_drained, "acked-committed": cmd_acked_committed, "final": cmd_final, "notify": cmd_notify,
-            "scan": cmd_scan}[args.command](args)
+            "scan": cmd_scan, "metrics": cmd_metrics}[args.command](args)
 
 
 if __name__ == "__main__":

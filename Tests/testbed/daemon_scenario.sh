@@ -6,6 +6,8 @@
 # MODE ci (default), one boot:
 #   0  `ferry scan --json` lists every peripheral of the bed
 #   A  throughput: ferry run drains K buffered events per allowed peripheral → figures (time to drain, rates)
+#   A" metrics_listen (issue 15): /metrics right after the drain has ferry_frames_stored_total equal to the
+#      store's and the backend's frames, /healthz 200, 404 elsewhere; ferry status shows the live view
 #   A' the systemd notify socket (a listener): READY=1, STATUS=, WATCHDOG=1 pings, none while ferry run is
 #      SIGSTOPped for 5 s, pings again after SIGCONT
 #   B  chaos: more events (a big batch + live events while connected), ferry run SIGKILLed at random moments
@@ -69,6 +71,7 @@ json.dump({
     "state_dir": state, "peripherals": peripherals, "max_connections": 3, "sync_interval_seconds": 2,
     "backoff_base_seconds": 1, "backoff_cap_seconds": 8, "log_level": "info",
     "uplink": {"endpoint": f"http://127.0.0.1:{port}/ingest", "gateway_id": "testbed-gw"},
+    "metrics_listen": "127.0.0.1:9464",
 }, open(config, "w"), indent=2)
 EOF
 
@@ -112,6 +115,12 @@ if [[ $A_RC -eq 0 ]]; then pass "A: ${#ALLOWED[@]} x $FERRY_TESTBED_EVENTS buffe
 else fail "A: buffered events drained" "$A_OUT"; fi
 stat -c '%a' "$STATE" | grep -qx 700 && pass "state dir is 0700" || fail "state dir is 0700" "$(stat -c '%a' "$STATE")"
 [[ "$(stat -c '%a' "$GATEWAY_DB")" == 600 ]] && pass "store file is 0600" || fail "store file is 0600" "$(stat -c '%a' "$GATEWAY_DB")"
+
+# ================= A": the metrics endpoint, scraped after the drain by this one daemon process
+$CHECK metrics --url http://127.0.0.1:9464 --allowed "$ALLOWED_CSV" --gateway-db "$GATEWAY_DB" \
+    --backend-db "$BACKEND_DB" --ferry "$FERRY" | tee -a "$CHECKS"
+python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9464/metrics', timeout=10).read().decode())" \
+    >"$R/metrics-after-drain.txt" 2>&1 || true
 
 # ================= A': the watchdog: pings while running, none while the process is frozen (SIGSTOP), again after
 sleep 3
