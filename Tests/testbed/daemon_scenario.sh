@@ -77,7 +77,7 @@ EOF
 
 # --- ferry scan (issue 15): lists every peripheral of the bed (all advertise the Sync UUID, the stranger too)
 ALL_CSV=$(IFS=,; echo "${ALL[*]}")
-"$FERRY" scan --timeout 10 --json 2>"$R/scan.err" | tee "$R/scan.json" | $CHECK scan --expect "$ALL_CSV" | tee -a "$CHECKS"
+"$FERRY" scan --timeout 20 --json 2>"$R/scan.err" | tee "$R/scan.json" | $CHECK scan --expect "$ALL_CSV" | tee -a "$CHECKS"
 
 # --- systemd's notify socket (issue 15): every ferry run below reports to a listener as it would to systemd
 NOTIFY_SOCKET_PATH="$S/notify.sock"
