@@ -348,6 +348,12 @@ struct BlueZClientTests {
             var policy = ConnectRetryPolicy()
             return try await connector.connect(policy: &policy)
         }
+        // The first Connect (answered NotReady) comes once the connector has found the device; then it must wait
+        // for Powered, not retry.
+        let firstConnect = ContinuousClock.now + .seconds(10)
+        while fake.calls.filter({ $0.hasPrefix("Device1.Connect") }).isEmpty, ContinuousClock.now < firstConnect {
+            try await Task.sleep(for: .milliseconds(20))
+        }
         try await Task.sleep(for: .milliseconds(300))
         #expect(fake.calls.filter { $0.hasPrefix("Device1.Connect") }.count == 1)  // waiting, not retrying
         try fake.setProperty(FakeBlueZ.adapterPath, BlueZInterface.adapter, "Powered", .bool(true))
