@@ -98,11 +98,20 @@ extension GatewayStore {
             if pruned.events == 0 { break }
             // Give the freed pages back now, a megabyte at a time (vacuuming moves pages through the WAL, which
             // has to fit on the disk too), folding the WAL in after each step: room for the next chunk.
-            var freePages = Int64.max
-            while let left = try database.integer("PRAGMA freelist_count"), left > 0, left < freePages {
-                freePages = left
-                guard try attempt({ try incrementalVacuum(pages: 256) }) else { break }
+            // Each vacuum step goes through the WAL too: on a nearly full disk a megabyte of it may not fit, so a
+            // step that fails with SQLITE_FULL is retried with a quarter of the pages, down to one (as the deletes
+            // are); otherwise the file would never shrink until every delivered event was gone.
+            // Ends: every turn shrinks the free list, shrinks the step, or stops.
+            var pages = 256
+            while let left = try database.integer("PRAGMA freelist_count"), left > 0 {
+                let vacuumed = try attempt { try incrementalVacuum(pages: pages) }
                 _ = try attempt { try checkpointTruncatingWAL() }
+                if vacuumed {
+                    guard let after = try database.integer("PRAGMA freelist_count"), after < left else { break }
+                } else {
+                    if pages == 1 { break }
+                    pages = max(1, pages / 4)
+                }
             }
         }
         relief.bytesAfter = try diskBytes()
