@@ -68,7 +68,7 @@ extension GatewayStore {
     /// 3. vacuum the freed pages incrementally and truncate the WAL again, so the file really shrinks.
     /// On a nearly full disk every step is small enough to fit: a delete that fails with SQLITE_FULL is retried
     /// with a quarter of the events, down to one, and the freed pages go back to the file system after every
-    /// chunk, so each step makes room for the next. `diskFull`: the last write still found no room.
+    /// chunk (in vacuum steps that shrink the same way), so each step makes room for the next. `diskFull`: the last write still found no room.
     public func relieveStoragePressure(target: Int64, chunk: Int = 200) throws -> StorageRelief {
         var relief = StorageRelief(bytesBefore: try diskBytes(), bytesAfter: 0)
         /// Runs a step; false (and `diskFull`) on SQLITE_FULL, which is not an error here.
@@ -96,12 +96,11 @@ extension GatewayStore {
             relief.eventsPruned += pruned.events
             relief.framesPruned += pruned.frames
             if pruned.events == 0 { break }
-            // Give the freed pages back now, a megabyte at a time (vacuuming moves pages through the WAL, which
-            // has to fit on the disk too), folding the WAL in after each step: room for the next chunk.
-            // Each vacuum step goes through the WAL too: on a nearly full disk a megabyte of it may not fit, so a
-            // step that fails with SQLITE_FULL is retried with a quarter of the pages, down to one (as the deletes
-            // are); otherwise the file would never shrink until every delivered event was gone.
-            // Ends: every turn shrinks the free list, shrinks the step, or stops.
+            // Give the freed pages back now, a megabyte at a time, folding the WAL in after each step: room for the
+            // next chunk. Vacuuming moves pages through the WAL, which has to fit on the disk too: on a disk filled
+            // to the last byte a megabyte of it does not, so a step that fails with SQLITE_FULL is retried with a
+            // quarter of the pages, down to one (else the file never shrank; measured in the test bed's
+            // sync_field d). Ends: every turn shrinks the free list, shrinks the step, or stops.
             var pages = 256
             while let left = try database.integer("PRAGMA freelist_count"), left > 0 {
                 let vacuumed = try attempt { try incrementalVacuum(pages: pages) }
