@@ -15,7 +15,8 @@
 #      allowed peripheral removed (no longer synced), then put back (drained again)
 #   C  final: every event exactly once in the backend with the peripheral's bytes, outbox all COMPLETED,
 #      the stranger never connected, 0 protocol violations.
-# MODE heavy: the same with more kills and a larger batch. Second argument: the ferry binary (default debug).
+# MODE heavy: the same with more kills and a larger batch. Second argument: the ferry binary (default debug);
+# third (optional): how many SIGKILLs in B.
 #
 # Each check prints 'PASS name' or 'FAIL name: why' to stdout and to $FERRY_TESTBED_RESULTS/daemon-checks.txt.
 set -uo pipefail
@@ -33,6 +34,7 @@ FIGURES="$R/daemon-figures.json"
 KILLS=5
 BATCH=600
 [[ "$MODE" == heavy ]] && { KILLS=12; BATCH=4000; }
+[[ -n "${3:-}" ]] && KILLS="$3"
 
 pass() { echo "PASS $1" | tee -a "$CHECKS"; }
 fail() { echo "FAIL $1: ${2:-}" | tee -a "$CHECKS"; }
