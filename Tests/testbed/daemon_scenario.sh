@@ -16,7 +16,7 @@
 #   C  final: every event exactly once in the backend with the peripheral's bytes, outbox all COMPLETED,
 #      the stranger never connected, 0 protocol violations.
 # MODE heavy: the same with more kills and a larger batch. Second argument: the ferry binary (default debug);
-# third (optional): how many SIGKILLs in B.
+# third and fourth (optional): how many SIGKILLs in B, how many events the big batch of B adds.
 #
 # Each check prints 'PASS name' or 'FAIL name: why' to stdout and to $FERRY_TESTBED_RESULTS/daemon-checks.txt.
 set -uo pipefail
@@ -35,6 +35,7 @@ KILLS=5
 BATCH=600
 [[ "$MODE" == heavy ]] && { KILLS=12; BATCH=4000; }
 [[ -n "${3:-}" ]] && KILLS="$3"
+[[ -n "${4:-}" ]] && BATCH="$4"
 
 pass() { echo "PASS $1" | tee -a "$CHECKS"; }
 fail() { echo "FAIL $1: ${2:-}" | tee -a "$CHECKS"; }
