@@ -522,6 +522,14 @@ public actor GatewayDaemon {
         return Task { await watch.run() }
     }
 
+    static func isDiskFull(_ error: any Error) -> Bool {
+        switch error {
+        case StoreError.sqlite(let e): e.isFull
+        case let e as SQLiteError: e.isFull
+        default: false
+        }
+    }
+
     private func startForwarder(databasePath: String) throws -> Task<Void, Never>? {
         let uplink = configuration.uplink
         guard let endpointText = uplink.endpoint, let endpoint = URL(string: endpointText) else { return nil }
@@ -543,6 +551,7 @@ public actor GatewayDaemon {
             forwarding.onProgress = { _ in health.beat(.forwarder) }
         }
         let health = self.health
+        let storageSignals = self.storageSignals
         return Task {
             // The forwarder only ends on a store error; it is restarted so a transient error (disk full,
             // locked file) does not silently stop the uplink for the rest of the daemon's life.
@@ -556,6 +565,9 @@ public actor GatewayDaemon {
                     _ = try await forwarder.run(untilEmpty: false)
                 } catch {
                     if Task.isCancelled { break }
+                    // No room for a claim or an acknowledgement: the storage watch makes room (its reserve, the
+                    // WAL's own blocks), or nothing would ever be delivered and so nothing could be pruned.
+                    if Self.isDiskFull(error) { storageSignals.nudge(.diskFull) }
                     // Said once per cause while it keeps failing at once: another forwarder holding the store's
                     // lease may do so for hours.
                     if ContinuousClock.now - started > .seconds(60) { lastError = "" }

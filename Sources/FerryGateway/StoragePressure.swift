@@ -94,6 +94,12 @@ final class StorageSignals: Sendable {
         pending.withLock { if $0 != .diskFull { $0 = nudge } }
     }
 
+    /// A disk-full nudge the watch could not act on yet (its gate is closed and not due): kept for the next
+    /// check, which must know that a write failed (that is when the reserve goes back).
+    func keep(_ nudge: Nudge) {
+        pending.withLock { if $0 != .diskFull { $0 = nudge } }
+    }
+
     func takeNudge() -> Nudge? {
         pending.withLock { value in
             defer { value = nil }
@@ -146,6 +152,7 @@ struct StorageWatch: Sendable {
         guard gate.isCheckDue(now: now, nudged: nudge != nil) else {
             // A nudge the closed gate does not act on must not leave sessions blocked by it.
             if nudge != nil { signals.setSessionsAllowed(gate.sessionsAllowed) }
+            if nudge == .diskFull { signals.keep(.diskFull) }
             return false
         }
         let (pressure, used) = try measure(
@@ -167,7 +174,11 @@ struct StorageWatch: Sendable {
         let reserve = GatewayStore.reserveBytes(forBudget: budget)
         let used = try store.diskBytes()
         let lowOnSpace = sawDiskFull || (store.freeBytes().map { $0 < floor } ?? false)
-        if lowOnSpace, store.releaseReserve() {
+        // The reserve goes back only when a write of ours failed for room (a session's commit, the uplink's
+        // claim): given back at a mere low reading, it is taken by whatever is filling the disk before SQLite
+        // can use it (seen in the test bed: a file growing to ENOSPC took it, and the uplink could never again
+        // write a claim, so nothing was delivered and nothing could be pruned).
+        if sawDiskFull, store.releaseReserve() {
             log.log(
                 .notice,
                 "storage: disk full: gave back the \(reserve)-byte reserve (\(store.reservePath)) so that SQLite can "
@@ -176,7 +187,7 @@ struct StorageWatch: Sendable {
         // No room to put the reserve back counts as a full disk too: make room for it first.
         let short = lowOnSpace || !store.ensureReserve(bytes: reserve)
         guard short || used > (wantHeadroom ? headroom : budget) else { return (nil, used) }
-        let relief = try store.relieveStoragePressure(target: short ? 0 : headroom)
+        let relief = try store.relieveStoragePressure(target: short ? 0 : headroom, keepWALSpace: lowOnSpace)
         if relief.eventsPruned > 0 {
             log.log(
                 .notice,

@@ -61,7 +61,7 @@ extension GatewayStore {
 
     /// Makes room, oldest delivered data first, never touching anything undelivered (PENDING, IN_FLIGHT,
     /// FAILED) — so it loses nothing the backend has not acknowledged:
-    /// 1. checkpoint and truncate the WAL (on a full disk this is what frees room for the deletes);
+    /// 1. checkpoint the WAL (on a full disk this is what makes room for the deletes);
     /// 2. delete COMPLETED events with their frames, oldest first and regardless of their age, a small
     ///    transaction at a time (the WAL stays small), until the live pages fit `target`; `target` 0 (disk
     ///    full) deletes every COMPLETED event;
@@ -69,7 +69,10 @@ extension GatewayStore {
     /// On a nearly full disk every step is small enough to fit: a delete that fails with SQLITE_FULL is retried
     /// with a quarter of the events, down to one, and the freed pages go back to the file system after every
     /// chunk (in vacuum steps that shrink the same way), so each step makes room for the next. `diskFull`: the last write still found no room.
-    public func relieveStoragePressure(target: Int64, chunk: Int = 200) throws -> StorageRelief {
+    /// `keepWALSpace` (the disk is full): checkpoints restart the WAL instead of truncating it, so its blocks stay
+    /// the store's for the next writes (the uplink's claims and acknowledgements, the deletes) rather than going
+    /// back to a file system where another program that is filling the disk takes them at once.
+    public func relieveStoragePressure(target: Int64, chunk: Int = 200, keepWALSpace: Bool = false) throws -> StorageRelief {
         var relief = StorageRelief(bytesBefore: try diskBytes(), bytesAfter: 0)
         /// Runs a step; false (and `diskFull`) on SQLITE_FULL, which is not an error here.
         func attempt(_ body: () throws -> Void) throws -> Bool {
@@ -84,7 +87,10 @@ extension GatewayStore {
             }
             return false
         }
-        _ = try attempt { try checkpointTruncatingWAL() }
+        func checkpoint() throws -> Bool {
+            try attempt { try checkpointWAL(truncating: !keepWALSpace) }
+        }
+        _ = try checkpoint()
         var size = chunk
         while try liveBytes() > target {
             var pruned = (events: 0, frames: 0)
@@ -104,7 +110,7 @@ extension GatewayStore {
             var pages = 256
             while let left = try database.integer("PRAGMA freelist_count"), left > 0 {
                 let vacuumed = try attempt { try incrementalVacuum(pages: pages) }
-                _ = try attempt { try checkpointTruncatingWAL() }
+                _ = try checkpoint()
                 if vacuumed {
                     guard let after = try database.integer("PRAGMA freelist_count"), after < left else { break }
                 } else {
@@ -157,10 +163,17 @@ extension GatewayStore {
     /// `wal_checkpoint(TRUNCATE)`: copies the WAL into the main file and truncates it to zero bytes. Returns
     /// false when readers kept it from finishing (the next call catches up).
     @discardableResult
-    public func checkpointTruncatingWAL() throws -> Bool {
+    public func checkpointTruncatingWAL() throws -> Bool { try checkpointWAL(truncating: true) }
+
+    /// Copies the WAL into the main file; then TRUNCATE gives the WAL's blocks back to the file system, RESTART
+    /// keeps them and makes the next writer start again at the WAL's beginning. Returns false when readers kept
+    /// it from finishing (the next call catches up).
+    @discardableResult
+    public func checkpointWAL(truncating: Bool) throws -> Bool {
         try store {
             var busy = false
-            try database.prepare("PRAGMA wal_checkpoint(TRUNCATE)").forEach { row in busy = row.int64(0) != 0 }
+            let mode = truncating ? "TRUNCATE" : "RESTART"
+            try database.prepare("PRAGMA wal_checkpoint(\(mode))").forEach { row in busy = row.int64(0) != 0 }
             return !busy
         }
     }

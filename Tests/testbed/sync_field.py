@@ -15,6 +15,17 @@
     `ferry pair --address <RPA>` bonds it (the pairing distributes the IRK and the static identity address);
     `ferry run` (require_bond) then finds it by its identity address although BlueZ's object path still
     names the RPA, and drains it over the encrypted link.
+ d. storage pressure (issue 12 item 3): the store of a..c (every event still PENDING: no uplink so far) gets
+    FILL_FRAMES x FILL_PAYLOAD bytes more from `ferry ingest` (an offline gateway's backlog), so it is several
+    times over a 1 MiB `disk_budget_bytes`. `ferry run` with P1 and P2 holding MORE_D new events each and its
+    uplink pointed at a closed loopback port (offline): over WINDOW_D s the gate holds the radio (a handful of
+    connections at most, not one every ~2 s per peripheral), one `no new sessions` line. Then the reference
+    backend starts on that port: the uplink drains, storage pressure prunes what was delivered, one `room again`
+    line, sessions resume, and every event of a..d (P1..P4 and the ingested backlog) is in the backend exactly
+    once with its bytes, acknowledged, and the outbox has nothing undelivered. The disk is really full too: the
+    store is copied onto its own small tmpfs, and once the gate has closed a file fills that file system to
+    the last byte (ENOSPC; SQLite gets SQLITE_FULL). ferry run must give back its reserve, survive, and recover
+    once delivery lets it prune (the store's own shrinking is the space that returns).
 
 Host: python3 Tests/testbed/sync_field.py [--results DIR]      (build ferry first: swift build)
 """
@@ -33,6 +44,14 @@ EVENTS = 600
 STALL_AFTER = 300
 NO_PROGRESS = 15
 MORE = 100
+BUDGET_D = 1 << 20          # the smallest budget `ferry run` accepts
+FILL_FRAMES = 900           # ingested backlog: 900 x 2000 B payload, well over the budget before any outbox copy
+FILL_PAYLOAD = 2000
+FILL_PERIPHERAL = "C0:FF:EE:00:0D:15"  # no such radio: a backlog from a peripheral that is gone
+FILL_EPOCH = 7
+MORE_D = 200
+WINDOW_D = 30               # seconds over budget with the uplink offline, connections counted
+TMPFS_D = "16m"             # the state dir's own file system in d, filled to the last byte
 BED_ARGS = ["--peripherals", "4", "--events", str(EVENTS), "--fault", f"1:stall={STALL_AFTER}",
             "--pairing", "3:justworks", "--pairing", "4:justworks", "--privacy", "4"]
 
@@ -108,7 +127,7 @@ def scenario_a(c: b.Checks, p1: str, p2: str, state_dir: str, db: str) -> None:
         "state_dir": state_dir, "adapter": b.adapter(), "peripherals": [p1, p2], "require_bond": False,
         "max_connections": 1, "no_progress_seconds": NO_PROGRESS, "sync_interval_seconds": 3,
         "backoff_base_seconds": 1, "backoff_cap_seconds": 4, "log_level": "info"})
-    s = b.wait_stats(p1, lambda s: s["faults_injected"].get("stall") == 1, 120)
+    s = b.wait_stats(p1, lambda s: s["faults_injected"].get("stall") == 1, 240)  # under load the connect and the first 300 frames took over 120 s
     stalled_at = time.monotonic()
     # New events on P2 while P1 holds the only slot: P2 can only get them once P1's session has ended.
     b.control(f"add {p2} {MORE}")
@@ -285,6 +304,200 @@ def scenario_c(c: b.Checks, p4: str, state_dir: str, db: str) -> None:
     c.check("c P4: 0 violations", s["violations"] == 0, f"{s['violations']} {s['violation_list'][:3]}")
 
 
+# ---------------------------------------------------------------- d
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def store_bytes(db: str) -> int:
+    return sum(os.path.getsize(p) for p in (db, db + "-wal") if os.path.exists(p))
+
+
+def outbox_open(db: str) -> dict:
+    import sqlite3
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    try:
+        return dict(con.execute("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetchall())
+    finally:
+        con.close()
+
+
+def backend_rows(backend_db: str, addr: str, epoch: str | None) -> list[tuple[int, bytes]]:
+    import sqlite3
+    try:
+        con = sqlite3.connect(f"file:{backend_db}?mode=ro", uri=True, timeout=10)
+    except sqlite3.Error:
+        return []
+    try:
+        if epoch is None:
+            rows = con.execute("SELECT seq, payload FROM frames WHERE peripheral = ?", (addr,)).fetchall()
+        else:
+            rows = con.execute("SELECT seq, payload FROM frames WHERE peripheral = ? AND epoch = ?",
+                               (addr, epoch)).fetchall()
+        return [(int(seq), bytes(payload)) for seq, payload in rows]
+    except sqlite3.Error:  # no table yet
+        return []
+    finally:
+        con.close()
+
+
+def fill_disk(directory: str, leave: int) -> int:
+    """Writes a file until the file system has only `leave` bytes free (0: until ENOSPC); returns its size."""
+    path = os.path.join(directory, "filler")
+    chunk = b"\xff" * 65536
+    written = 0
+    with open(path, "wb", buffering=0) as f:
+        for size in (65536, 4096):
+            while True:
+                st = os.statvfs(directory)
+                if st.f_bavail * st.f_frsize - size < leave:
+                    break
+                try:
+                    written += f.write(chunk[:size])
+                except OSError:
+                    break
+    return written
+
+
+def scenario_d(c: b.Checks, peers: list[str], p1: str, p2: str, old_state_dir: str, old_db: str) -> None:
+    sp = b.syncproto()
+    # The store of a..c, moved onto a file system of its own that can really fill up.
+    import shutil
+    import sqlite3
+    state_dir = os.path.join(b.scratch(), "state-d")
+    os.makedirs(state_dir, exist_ok=True)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_D},mode=0700", "tmpfs", state_dir],
+                       capture_output=True, text=True)
+    c.check(f"d the state dir is a {TMPFS_D} tmpfs of its own", m.returncode == 0, m.stderr.strip())
+    con = sqlite3.connect(old_db)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    db = os.path.join(state_dir, "ferry.sqlite")
+    for suffix in ("", "-wal"):
+        if os.path.exists(old_db + suffix):
+            shutil.copy2(old_db + suffix, db + suffix)
+    # The backlog of an offline gateway: a dump of FILL_FRAMES DATA frames from a peripheral that is gone.
+    dump = os.path.join(b.scratch(), "fill.bin")
+    with open(dump, "wb") as f:
+        for seq in range(1, FILL_FRAMES + 1):
+            f.write(sp.data_frame(seq, sp.event_payload(FILL_EPOCH, 0, seq, FILL_PAYLOAD)))
+    r = b.ferry(["ingest", "--db", db, "--peripheral", FILL_PERIPHERAL, "--epoch", str(FILL_EPOCH), "--json", dump],
+                limit=120)
+    used = store_bytes(db)
+    c.note(f"d store after ingest: {used} bytes (budget {BUDGET_D}); outbox {outbox_open(db)}")
+    c.check("d ferry ingest of the backlog: exit 0, every frame stored",
+            r.rc == 0 and (r.json or {}).get("stored") == FILL_FRAMES, r.brief())
+    c.check(f"d the store is over the budget before ferry run starts ({used} > {BUDGET_D} bytes)", used > BUDGET_D)
+    for addr in (p1, p2):
+        b.control(f"add {addr} {MORE_D}")
+    heads = {addr: b.wait_stats(addr, lambda s, a=addr: s["head"] > s["highest_ack"], 10) for addr in (p1, p2)}
+    c.check("d P1 and P2 hold new events", all(s is not None for s in heads.values()),
+            str({a: s and (s["head"], s["highest_ack"]) for a, s in heads.items()}))
+    before = {addr: b.stats(addr)["connections"] for addr in (p1, p2)}
+    port = free_port()  # nothing listens here until the backend starts: the uplink is offline
+    daemon = Daemon("ferry-run-pressure", {
+        "state_dir": state_dir, "adapter": b.adapter(), "peripherals": [p1, p2], "require_bond": False,
+        "max_connections": 2, "sync_interval_seconds": 2, "backoff_base_seconds": 1, "backoff_cap_seconds": 4,
+        "disk_budget_bytes": BUDGET_D, "log_level": "info",
+        "uplink": {"endpoint": f"http://127.0.0.1:{port}/ingest", "gateway_id": "testbed-field"}})
+    t0 = time.monotonic()
+    filled = None
+    while time.monotonic() - t0 < WINDOW_D and daemon.alive():
+        time.sleep(1.0)
+        if filled is None and "no new sessions" in daemon.text():
+            filled = fill_disk(state_dir, 0)
+            st = os.statvfs(state_dir)
+            c.note(f"d disk filled {time.monotonic() - t0:.0f} s after start: filler {filled} bytes, "
+                   f"{st.f_bavail * st.f_frsize} bytes free")
+    window = time.monotonic() - t0
+    during = {addr: b.stats(addr)["connections"] - before[addr] for addr in (p1, p2)}
+    text = daemon.text()
+    closing = [l for l in text.splitlines() if l.startswith("ferry[") and "storage:" in l and "no new sessions" in l]
+    sessions = {a: sum(1 for l in text.splitlines() if a in l and ": connected in " in l) for a in (p1, p2)}
+    c.note(f"d {window:.0f} s over budget, uplink offline: peripheral-side connections P1 {during[p1]}, "
+           f"P2 {during[p2]}; daemon 'connected' lines {sessions} (before the gate: a reconnect every ~2 s each)")
+    c.check("d the gate held the radio: at most 2 connections per peripheral over the window",
+            daemon.alive() and all(n <= 2 for n in during.values()), f"{during}; alive {daemon.alive()}")
+    c.check("d one log line entering storage pressure", len(closing) == 1,
+            closing[0] if len(closing) == 1 else f"{len(closing)} lines; see {daemon.log_path}")
+    acked = {a: (b.stats(a)["highest_ack"], cursor_of(db, a), b.stats(a)["head"]) for a in (p1, p2)}
+    c.check("d meanwhile nothing was acknowledged that the store did not commit (ack <= cursor), events kept",
+            all(ack <= cursor < head for ack, cursor, head in acked.values()), f"(ack, cursor, head) {acked}")
+
+    # Room comes from delivery: start the reference backend where the uplink points.
+    backend_db = os.path.join(b.scratch(), "backend-d.sqlite")
+    backend_log = open(os.path.join(b.results_dir(), "backend-d.log"), "w")
+    backend = subprocess.Popen([os.path.join(b.ROOT, "scripts", "backend", "ferry-backend"), "serve", "--db", backend_db,
+                                "--host", "127.0.0.1", "--port", str(port), "--quiet"],
+                               stdout=backend_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    t1 = time.monotonic()
+    expected = {addr: b.stats(addr) for addr in peers}  # P3, P4: what a..c stored; P1, P2: with MORE_D more
+
+    def complete() -> bool:
+        for addr, s in expected.items():
+            if len(backend_rows(backend_db, addr, str(s["epoch"]))) < int(s["head"]):
+                return False
+        if len(backend_rows(backend_db, FILL_PERIPHERAL, None)) < FILL_FRAMES:
+            return False
+        counts = outbox_open(db)
+        return counts.get("PENDING", 0) + counts.get("IN_FLIGHT", 0) == 0
+
+    while not complete() and daemon.alive() and time.monotonic() - t1 < 300:
+        time.sleep(1.0)
+    recovered = time.monotonic() - t1
+    text = daemon.text()
+    reopened = [l for l in text.splitlines() if l.startswith("ferry[") and "storage: room again" in l]
+    pruned = [l for l in text.splitlines() if l.startswith("ferry[") and "storage: pruned" in l]
+    closing = [l for l in text.splitlines() if l.startswith("ferry[") and "storage:" in l and "no new sessions" in l]
+    c.note(f"d recovery: everything delivered {recovered:.0f} s after the backend started; store "
+           f"{store_bytes(db)} bytes; {len(pruned)} prune lines, {len(reopened)} 'room again', "
+           f"{len(closing)} 'no new sessions' in all")
+    c.check("d storage pressure pruned delivered events to make room", bool(pruned), daemon.log_path)
+    gave_back = [l for l in text.splitlines() if l.startswith("ferry[") and "disk full: gave back" in l]
+    c.check("d the full disk was seen: the reserve was given back so SQLite could free room",
+            filled is not None and bool(gave_back), gave_back[0] if gave_back else f"filler {filled}")
+    c.check("d one log line leaving storage pressure, sessions resume", len(reopened) >= 1 and len(reopened) == len(closing),
+            reopened[0] if reopened else daemon.log_path)
+    alive = daemon.alive()
+    rc = daemon.stop()
+    backend.terminate()
+    try:
+        backend.wait(10)
+    except subprocess.TimeoutExpired:
+        backend.kill()
+    backend_log.close()
+    c.check("d ferry run was running until SIGTERM and exited 0", alive and rc == 0, f"alive {alive}, exit {rc}")
+    for addr in peers:
+        s = b.stats(addr)
+        epoch, head, generation = int(s["epoch"]), int(s["head"]), int(s.get("generation", 0))
+        rows = backend_rows(backend_db, addr, str(epoch))
+        seqs = sorted(seq for seq, _ in rows)
+        c.check(f"d {addr}: backend holds every event 1..{head} exactly once", seqs == list(range(1, head + 1)),
+                f"{len(seqs)} rows, {len(set(seqs))} distinct")
+        wrong = [seq for seq, p in rows if p != sp.event_payload(epoch, generation, seq, b.PAYLOAD_BYTES)]
+        c.check(f"d {addr}: payloads are the peripheral's bytes", not wrong, f"{len(wrong)} differ, e.g. {wrong[:5]}")
+        c.check(f"d {addr}: acknowledged through its head, 0 violations",
+                s["highest_ack"] == head and s["violations"] == 0,
+                f"ack {s['highest_ack']} head {head}, violations {s['violations']} {s['violation_list'][:3]}")
+    rows = backend_rows(backend_db, FILL_PERIPHERAL, None)
+    seqs = sorted(seq for seq, _ in rows)
+    wrong = [seq for seq, p in rows if p != sp.event_payload(FILL_EPOCH, 0, seq, FILL_PAYLOAD)]
+    c.check(f"d the ingested backlog: backend holds 1..{FILL_FRAMES} exactly once with its bytes",
+            seqs == list(range(1, FILL_FRAMES + 1)) and not wrong,
+            f"{len(seqs)} rows, {len(set(seqs))} distinct, {len(wrong)} payloads differ")
+    counts = outbox_open(db)
+    c.check("d outbox: nothing undelivered or failed left", set(counts) <= {"COMPLETED"}, json.dumps(counts))
+    stats = json.loads(subprocess.run([os.path.join(b.ROOT, "scripts", "backend", "ferry-backend"), "stats", "--db",
+                                       backend_db], capture_output=True, text=True).stdout or "{}")
+    keys = ("events_in_multiple_batches", "idempotency_conflicts", "gaps", "regressions")
+    c.check("d backend: no event in two batches, no idempotency conflict, no gaps or regressions",
+            all(stats.get(k) == 0 for k in keys), json.dumps({k: stats.get(k) for k in keys}))
+
+
 def guest() -> int:
     c = b.Checks(SCENARIO)
     p1, p2, p3, p4 = b.peripherals()[:4]
@@ -295,6 +508,7 @@ def guest() -> int:
         scenario_a(c, p1, p2, state_dir, db)
         scenario_b(c, p3, state_dir, db)
         scenario_c(c, p4, state_dir, db)
+        scenario_d(c, [p1, p2, p3, p4], p1, p2, state_dir, db)
     except Exception as e:  # a crash in the scenario is a failure, with its reason in checks.json
         c.crashed(e)
     return c.finish()
@@ -303,4 +517,4 @@ def guest() -> int:
 if __name__ == "__main__":
     if "--guest" in sys.argv:
         sys.exit(guest())
-    sys.exit(b.host_main(__file__, SCENARIO, BED_ARGS, bed_timeout=600))
+    sys.exit(b.host_main(__file__, SCENARIO, BED_ARGS, bed_timeout=960))
