@@ -53,15 +53,17 @@ PERIPHERAL_PID=$!
 PIDS+=("$PERIPHERAL_PID")
 
 # --- kernel Bluetooth
-timeout 30 modprobe bluetooth || fail "modprobe bluetooth failed (kernel $(uname -r) lacks Bluetooth?)"
-timeout 30 modprobe hci_vhci || fail "modprobe hci_vhci failed"
-for _ in $(seq 50); do [[ -c /dev/vhci ]] && break; sleep 0.1; done
+# Generous bounds: on a loaded host the emulated CPU is starved, and loading bluetooth (its crypto self-tests)
+# took over 30 s once (a crypto_wait_for_test warning in dmesg). A bound is there to end a hang, not to time it.
+timeout 120 modprobe bluetooth || fail "modprobe bluetooth failed (kernel $(uname -r) lacks Bluetooth?)"
+timeout 120 modprobe hci_vhci || fail "modprobe hci_vhci failed"
+for _ in $(seq 300); do [[ -c /dev/vhci ]] && break; sleep 0.1; done
 [[ -c /dev/vhci ]] || fail "/dev/vhci did not appear after loading hci_vhci"
 
 # --- system bus and bluetoothd
 mkdir -p /run/dbus /var/lib/bluetooth
 rm -f /run/dbus/pid
-timeout 20 dbus-daemon --system --fork --print-pid=1 >/tmp/dbus.pid 2>"$RESULTS/dbus-daemon.log" \
+timeout 60 dbus-daemon --system --fork --print-pid=1 >/tmp/dbus.pid 2>"$RESULTS/dbus-daemon.log" \
     || fail "dbus-daemon --system did not start (see dbus-daemon.log)"
 PIDS+=("$(head -1 /tmp/dbus.pid)")
 BLUETOOTHD=/usr/libexec/bluetooth/bluetoothd
@@ -83,7 +85,7 @@ until adapter_on_bus; do
     sleep 0.5
 done
 mark adapter-on-dbus
-timeout 10 dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci0 org.freedesktop.DBus.Properties.Set \
+timeout 30 dbus-send --system --print-reply --dest=org.bluez /org/bluez/hci0 org.freedesktop.DBus.Properties.Set \
     string:org.bluez.Adapter1 string:Powered variant:boolean:true >/dev/null || fail "could not power on hci0"
 until [[ -s "$RESULTS/peripherals.ready" ]]; do
     kill -0 "$PERIPHERAL_PID" 2>/dev/null || fail "the emulated peripheral process died: $(tail -5 "$RESULTS/peripherals.log" | tr '\n' ' ')"
