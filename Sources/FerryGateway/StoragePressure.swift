@@ -153,6 +153,10 @@ struct StorageWatch: Sendable {
             // A nudge the closed gate does not act on must not leave sessions blocked by it.
             if nudge != nil { signals.setSessionsAllowed(gate.sessionsAllowed) }
             if nudge == .diskFull { signals.keep(.diskFull) }
+            // Between checks on a full disk the uplink's claims and acknowledgements are the way out; folding
+            // the WAL in as they come keeps it from eating the room the main file needs (measured: two batches
+            // grew the WAL by the whole 128 KiB reserve, and then no checkpoint fit).
+            if case .closed(.diskFull, _, _) = gate.state { _ = try? store.checkpointWALPassively() }
             return false
         }
         let (pressure, used) = try measure(

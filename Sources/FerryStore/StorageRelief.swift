@@ -170,9 +170,18 @@ extension GatewayStore {
     /// it from finishing (the next call catches up).
     @discardableResult
     public func checkpointWAL(truncating: Bool) throws -> Bool {
+        try checkpoint(mode: truncating ? "TRUNCATE" : "RESTART")
+    }
+
+    /// A PASSIVE checkpoint: copies what it can without waiting for or blocking anyone. On a full disk, run
+    /// often, it keeps the WAL small (a writer starts again at its beginning once it is all copied), so the
+    /// little room there is goes to the main file's growth instead of to a WAL that can no longer be copied.
+    @discardableResult
+    public func checkpointWALPassively() throws -> Bool { try checkpoint(mode: "PASSIVE") }
+
+    private func checkpoint(mode: String) throws -> Bool {
         try store {
             var busy = false
-            let mode = truncating ? "TRUNCATE" : "RESTART"
             try database.prepare("PRAGMA wal_checkpoint(\(mode))").forEach { row in busy = row.int64(0) != 0 }
             return !busy
         }

@@ -334,4 +334,91 @@ import Testing
             to: stream.key)
         #expect(try store.quickCheck().isEmpty)
     }
+
+    /// Over budget with the uplink offline, and then another program fills the disk to the last byte: the only
+    /// way out is delivery (then the delivered events can be pruned), and delivery needs a write (the claim).
+    /// The reserve must still be the store's when that write fails: a low reading alone does not give it back
+    /// (the program filling the disk would take it), the uplink's SQLITE_FULL does, and the WAL keeps its
+    /// blocks. Then every event is delivered, pruned, and sessions resume. Nothing undelivered is lost.
+    @Test(.enabled(if: isRoot, "needs root to mount a small tmpfs"))
+    func aDiskFilledByAnotherProgramWhileOfflineRecoversThroughDelivery() throws {
+        let mountPoint = FileManager.default.temporaryDirectory.path + "/ferry-other-full-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
+        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, "size=12m") == 0, "mount tmpfs")
+        defer {
+            umount(mountPoint)
+            try? FileManager.default.removeItem(atPath: mountPoint)
+        }
+        let path = mountPoint + "/ferry.sqlite"
+        let store = try GatewayStore(path: path)
+        let uplink = try GatewayStore(path: path)
+        let stream = try store.openStream(peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, deviceEpoch: 0)
+        var cursor: UInt64 = 0
+        while try store.liveBytes() < 3 << 20 {
+            let frames = ((cursor + 1)...(cursor + 20)).map { Frame.data(seq: $0, payload: [UInt8](repeating: 5, count: 400)) }
+            try store.commit(
+                CommitBatch(expectedCursor: cursor, gap: nil, frames: frames, newCursor: cursor + 20, acknowledge: true),
+                to: stream.key)
+            cursor += 20
+        }
+        let log = Lines()
+        let signals = StorageSignals()
+        let watch = StorageWatch(
+            databasePath: path, budget: 1 << 20, signals: signals, log: log, clock: ManualClock(start: 0),
+            backoff: { Self.scheduler().backoff(afterFailures: $0) })
+        let watchStore = try GatewayStore(path: path)
+        var gate = StorageGate()
+        #expect(try watch.tick(now: 0, gate: &gate, store: watchStore))
+        #expect(!signals.sessionsAllowed, "over budget with nothing delivered: closed")
+        #expect(FileManager.default.fileExists(atPath: store.reservePath))
+
+        // Another program writes until ENOSPC; the watch's next check reads a full disk; the program writes on.
+        let filler = try FileHandle(forWritingTo: URL(fileURLWithPath: {
+            FileManager.default.createFile(atPath: mountPoint + "/other.log", contents: nil)
+            return mountPoint + "/other.log"
+        }()))
+        func fill() {
+            for size in [65536, 4096, 512] {
+                while (try? filler.write(contentsOf: Data(count: size))) != nil {}
+            }
+        }
+        fill()
+        var t = 1_000.0
+        #expect(try watch.tick(now: t, gate: &gate, store: watchStore))
+        fill()
+        #expect(FileManager.default.fileExists(atPath: store.reservePath), "given back at a mere reading: the filler took it")
+
+        // The uplink's claim finds no room; the daemon nudges the watch, which gives the reserve back now.
+        var limits = ClaimLimits()
+        limits.maxEvents = 50
+        var delivered = 0
+        var nudges = 0
+        for _ in 0..<200 {
+            do {
+                guard let batch = try uplink.claimBatch(limits: limits, now: Int64.max / 2) else { break }
+                try uplink.completeBatch(batch.id, now: 1_800_000_000_000)
+                delivered += 1
+                try watch.tick(now: t, gate: &gate, store: watchStore)  // the watch's turn between checks
+            } catch StoreError.sqlite(let e) where e.isFull {
+                nudges += 1
+                signals.nudge(.diskFull)
+                t += 1_000
+                try watch.tick(now: t, gate: &gate, store: watchStore)
+            }
+        }
+        #expect(nudges >= 1, "the filled disk never refused a claim: the test did not reproduce the case")
+        #expect(log.matching("gave back the").count >= 1)
+        let left = try uplink.outboxCounts()
+        #expect(left["PENDING", default: 0] == 0 && left["IN_FLIGHT", default: 0] == 0, "undelivered left: \(left), \(delivered) batches delivered")
+
+        // Delivered: the watch prunes, the store shrinks, the reserve fits again, sessions resume.
+        for _ in 0..<20 where !signals.sessionsAllowed {
+            t += 1_000
+            try watch.tick(now: t, gate: &gate, store: watchStore)
+        }
+        #expect(signals.sessionsAllowed, "\(log.lines.withLock { $0.map(\.1) })")
+        #expect(log.matching("): sessions resume").count == 1)
+        #expect(try store.quickCheck().isEmpty)
+        try? filler.close()
+    }
 }
