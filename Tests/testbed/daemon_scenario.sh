@@ -105,7 +105,7 @@ add_events() { echo "add all $1" >"$FERRY_TESTBED_CONTROL"; }
 # ================= A: throughput
 T0=$(now)
 start_daemon
-A_OUT=$(drained --timeout 240)
+A_OUT=$(drained --timeout 420)  # bounds end a hang; a loaded 2-core host took ~250 s for 600 each
 A_RC=$?
 A_SECONDS=$(elapsed "$T0")
 echo "phase A: $A_OUT (wall from start incl. connect: $A_SECONDS s)"
@@ -180,7 +180,7 @@ echo "--- bluetoothd restarted, pid $NEW_BT ($(date +%T.%N))" >>"$DAEMON_LOG"
 sleep 3
 kill -0 "$NEW_BT" 2>/dev/null || fail "test bed: the new bluetoothd is running" "$(tail -2 "$R/bluetoothd-after-restart.log")"
 touch "$LIVE_STOP"; wait "$LIVE_PID"
-B_OUT=$(drained --timeout 300)
+B_OUT=$(drained --timeout 420)
 B_RC=$?
 echo "phase B after bluetoothd restart: $B_OUT ($(elapsed "$T_BT") s after the restart)"
 AFTER=$(python3 -c "import json,sys; print(sum(json.load(open('$R/peripheral-'+a+'.json'))['connections'] for a in sys.argv[1:]))" "${ALLOWED[@]}")
@@ -208,7 +208,12 @@ kill -HUP "$DAEMON_PID"
 sleep 3
 BEFORE_LAST=$(acked "$LAST"); BEFORE_FIRST=$(acked "${ALLOWED[0]}")
 add_events 20
-sleep 8
+# The others are synced again within a few sync intervals; a loaded host may take a while (bounded).
+for _ in $(seq 40); do
+    [[ "$(acked "${ALLOWED[0]}")" -gt "$BEFORE_FIRST" ]] && break
+    sleep 1
+done
+sleep 2
 if grep -q "reload: $((${#ALLOWED[@]} - 1)) allowed peripherals" "$DAEMON_LOG" && [[ "$(acked "$LAST")" == "$BEFORE_LAST" ]] \
     && [[ "$(acked "${ALLOWED[0]}")" -gt "$BEFORE_FIRST" ]]; then
     pass "SIGHUP: $LAST removed from the allowlist is no longer synced; the others are"
@@ -217,7 +222,7 @@ else
 fi
 cp "$CONFIG.full" "$CONFIG"
 kill -HUP "$DAEMON_PID"
-OUT=$(drained --timeout 120) && pass "SIGHUP: $LAST put back on the allowlist is drained again" \
+OUT=$(drained --timeout 240) && pass "SIGHUP: $LAST put back on the allowlist is drained again" \
     || fail "SIGHUP: put back and drained" "$OUT"
 
 # ================= C: final
