@@ -373,10 +373,8 @@ import Testing
         #expect(FileManager.default.fileExists(atPath: store.reservePath))
 
         // Another program writes until ENOSPC; the watch's next check reads a full disk; the program writes on.
-        let filler = try FileHandle(forWritingTo: URL(fileURLWithPath: {
-            FileManager.default.createFile(atPath: mountPoint + "/other.log", contents: nil)
-            return mountPoint + "/other.log"
-        }()))
+        _ = FileManager.default.createFile(atPath: mountPoint + "/other.log", contents: nil)
+        let filler = try FileHandle(forWritingTo: URL(fileURLWithPath: mountPoint + "/other.log"))
         func fill() {
             for size in [65536, 4096, 512] {
                 while (try? filler.write(contentsOf: Data(count: size))) != nil {}
