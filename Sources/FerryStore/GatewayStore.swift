@@ -67,7 +67,7 @@ public final class GatewayStore {
             if version == 0, tables > 0 { throw GatewayStore.foreignFile(path) }
             // Must precede the first table: only then does the file get incremental auto-vacuum.
             if version == 0 { try db.execute("PRAGMA auto_vacuum = INCREMENTAL") }
-            try db.execute(GatewayStore.pragmas)
+            try GatewayStore.retryingWhileBusy { try db.execute(GatewayStore.pragmas) }
             try GatewayStore.migrate(db, path: path)
         } catch let e as SQLiteError where e.primaryCode == SQLITE_CORRUPT {
             throw StoreError.damaged(path: path, problems: [e.message])
@@ -77,6 +77,20 @@ public final class GatewayStore {
             throw StoreError.sqlite(e)
         }
         self.init(opened: db, clock: clock)
+    }
+
+    /// Switching a new file to WAL takes an exclusive lock that SQLite does not wait for through the busy
+    /// handler: a second process opening the same new store at that moment got SQLITE_BUSY at once (seen
+    /// under load in StoreOpeningTests). Retried for up to 5 s, like any other busy wait on the store.
+    static func retryingWhileBusy(_ body: () throws -> Void) throws {
+        let deadline = ContinuousClock.now + .seconds(5)
+        while true {
+            do {
+                return try body()
+            } catch let e as SQLiteError where e.primaryCode == SQLITE_BUSY && ContinuousClock.now < deadline {
+                usleep(20_000)
+            }
+        }
     }
 
     /// Opens an existing store for reading only (`ferry status`, `peripherals`, `outbox list`): no migration,

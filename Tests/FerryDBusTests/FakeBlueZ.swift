@@ -56,7 +56,17 @@ final class FakeBlueZ: Sendable {
         let fake = FakeBlueZ(connection: try await bus.connect())
         fake.state.withLock { $0.tree = tree }
         try fake.exportAll()
-        try await fake.connection.requestName("org.bluez")
+        // A fake started right after another one stopped (a "bluetoothd restart") may find the name still
+        // owned: the bus frees it only once it has seen the old connection close.
+        let deadline = ContinuousClock.now + .seconds(10)
+        while true {
+            do {
+                try await fake.connection.requestName("org.bluez")
+                break
+            } catch is DBusError where ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(50))
+            }
+        }
         return fake
     }
 
