@@ -45,7 +45,7 @@ import Testing
         let liveFile = LiveViewFile(databasePath: configuration.databasePath)
 
         func waitFor(_ what: String, _ condition: () -> Bool) async throws {
-            let deadline = Date().addingTimeInterval(15)
+            let deadline = Date().addingTimeInterval(60)  // bounds a hang; under load 15 s ran out
             while !condition() {
                 guard Date() < deadline else { throw PairingError("timed out waiting for \(what)") }
                 try await Task.sleep(for: .milliseconds(50))
