@@ -142,7 +142,7 @@ public enum FerryCommandLine {
             return readOnly ? try GatewayStore.openReadOnly(path: path) : try GatewayStore(path: path, create: create)
         } catch let error as StoreError {
             if case .needsMigration = error { throw CommandFailure(error.description) }
-            if case .sqlite(let e) = error, e.primaryCode == 14 /* SQLITE_CANTOPEN */ {
+            if case .sqlite(let e) = error, e.resultCode == .cantopen {
                 throw CommandFailure("cannot open database \(path): \(String(cString: strerror(errno)))")
             }
             throw CommandFailure("database \(path): \(error)")

@@ -43,7 +43,7 @@ public actor GatewayDaemon {
     private let storageSignals = StorageSignals()
     private var effectiveDiskBudget: Int64?
     /// Why a candidate is not being synced (not bonded...), so each refusal is logged once, not every loop.
-    private var refusals: [PeripheralAddress: String] = [:]
+    private var refusals: [PeripheralAddress: BondRefusal] = [:]
     /// Totals since start, for the exit summary.
     public private(set) var totals = Totals()
 
@@ -377,31 +377,23 @@ public actor GatewayDaemon {
     /// clear-link access to a Sync characteristic that needs encryption makes bluetoothd pair by itself (Just
     /// Works bonds silently), so the gateway, not BlueZ, has to say no. Bonded devices are loaded by
     /// bluetoothd at start, so the check needs no radio.
-    private func bondRefusal(_ address: PeripheralAddress, client: BlueZClient, adapter: BlueZAdapter) async -> String? {
+    private func bondRefusal(_ address: PeripheralAddress, client: BlueZClient, adapter: BlueZAdapter) async -> BondRefusal? {
         guard configuration.requireBond else { return nil }
         let device = await client.knownDevice(address: address.string, on: adapter)
         if let device, await device.isBonded() { return nil }
         return bondMissing(address)
     }
 
-    /// The refusal text for a peripheral BlueZ holds no key for (before connecting, or found after connecting).
-    private func bondMissing(_ address: PeripheralAddress) -> String {
-        if trusted.contains(address) {
-            return "bond lost: paired with this gateway, but BlueZ holds no key for it any more; not syncing it "
-                + "(require_bond). Re-pair explicitly: ferry unpair \(address), clear the bond on the peripheral, "
-                + "ferry pair --address \(address)"
-        }
-        return "not bonded with this gateway: not syncing it (require_bond is on; pair it with "
-            + "`ferry pair --address \(address)`, or set require_bond false in a lab)"
+    /// Why a peripheral BlueZ holds no key for is refused (before connecting, or found after connecting).
+    private func bondMissing(_ address: PeripheralAddress) -> BondRefusal {
+        trusted.contains(address) ? .bondLost(address) : .notBonded(address)
     }
 
-    private func refuse(_ address: PeripheralAddress, _ why: String) {
+    private func refuse(_ address: PeripheralAddress, _ why: BondRefusal) {
         guard refusals[address] != why else { return }
         refusals[address] = why
         log.log(.warning, "\(address): \(why)")
-        try? registry?.recordSessionEnd(
-            peripheral: address, result: why.hasPrefix("bond lost") ? "refused: bond lost" : "refused: not bonded",
-            epoch: nil, head: nil)
+        try? registry?.recordSessionEnd(peripheral: address, result: why.result, epoch: nil, head: nil)
     }
 
     /// The daemon's Agent1: refuses every request. Pairing is an explicit operator action (`ferry pair`); an
@@ -683,12 +675,12 @@ struct SessionWorker: Sendable {
         default: outcome = .failed
         }
         let rate = seconds > 0 ? Double(s.framesStored) / seconds : 0
-        if let reason = s.disconnectReason, let security = LinkSecurity.encryptionProblem(in: reason) {
+        if let security = LinkSecurity.encryptionProblem(after: s.end) {
             log.log(.warning, "\(address): \(security)")
         }
         log.log(
             outcome == .failed ? .warning : .notice,
-            "\(address): sync \(s.disconnectReason ?? "link lost"): \(s.framesStored) frames stored in "
+            "\(address): sync \(s.end ?? .linkLost): \(s.framesStored) frames stored in "
                 + String(format: "%.2f s (%.0f frames/s)", seconds, rate) + ", epoch \(s.epoch) cursor \(s.cursor)"
                 + (head.map { " head \($0)" } ?? "") + ", \(s.duplicates) duplicates, \(s.gapsRecorded) gaps, "
                 + "\(s.regressions) regressions, \(s.corrupt) corrupt"
@@ -735,4 +727,32 @@ public enum StateDirectory {
     }
 
     private static func errnoText() -> String { String(cString: strerror(errno)) }
+}
+
+/// Why the daemon does not sync a peripheral under require_bond. Logged once per change (`description`) and
+/// recorded as its `peripheral_sync_state.last_result`.
+enum BondRefusal: Equatable, CustomStringConvertible {
+    /// Paired with this gateway (trusted), but BlueZ holds no key for it any more.
+    case bondLost(PeripheralAddress)
+    /// Never paired with this gateway.
+    case notBonded(PeripheralAddress)
+
+    var result: SyncResult {
+        switch self {
+        case .bondLost: .refusedBondLost
+        case .notBonded: .refusedNotBonded
+        }
+    }
+
+    var description: String {
+        switch self {
+        case .bondLost(let address):
+            "bond lost: paired with this gateway, but BlueZ holds no key for it any more; not syncing it "
+                + "(require_bond). Re-pair explicitly: ferry unpair \(address), clear the bond on the peripheral, "
+                + "ferry pair --address \(address)"
+        case .notBonded(let address):
+            "not bonded with this gateway: not syncing it (require_bond is on; pair it with "
+                + "`ferry pair --address \(address)`, or set require_bond false in a lab)"
+        }
+    }
 }

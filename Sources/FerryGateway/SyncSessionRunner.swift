@@ -31,17 +31,8 @@ public struct SyncSummary: Sendable, Equatable {
     public var corrupt = 0
     /// Bytes received on DATA (whole notifications, noise included): the metrics' bytes counter.
     public var bytesReceived = 0
-    /// How the session ended (nil while it runs).
+    /// How the session ended (nil while it runs). Decide on this, never on its text.
     public var end: SessionEnd?
-    /// The end as log text: the machine's reason or the subscribe error; nil for a link loss (as before
-    /// `end` existed, so log lines and callers keep their shape). Decide on `end`, never on this text.
-    public var disconnectReason: String? {
-        switch end {
-        case .disconnected(let reason): return "\(reason)"
-        case .subscribeFailed(let message): return "subscribe failed: \(message)"
-        case .linkLost, nil: return nil
-        }
-    }
     /// The store was over its disk budget: nothing more was committed or acknowledged (backpressure).
     public var backpressure = false
     /// The backpressure came from SQLITE_FULL: the file system itself had no room for the window.
@@ -49,7 +40,9 @@ public struct SyncSummary: Sendable, Equatable {
 }
 
 /// How a session ended, typed (the scheduler, `ferry sync` and `peripheral_sync_state` decide on it).
-public enum SessionEnd: Sendable, Equatable {
+/// `description` is log text only ("caughtUp", `streamInfoUnreadable("...")`, "subscribe failed: ...",
+/// "link lost"), the words log readers and the test bed know.
+public enum SessionEnd: Sendable, Equatable, CustomStringConvertible {
     /// The state machine disconnected, for this reason.
     case disconnected(SyncSession.DisconnectReason)
     /// The link dropped under the session (peripheral, radio, bluetoothd).
@@ -57,12 +50,29 @@ public enum SessionEnd: Sendable, Equatable {
     /// DATA could not be subscribed: the session never started.
     case subscribeFailed(String)
 
-    /// The kind stored in `peripheral_sync_state.last_result` (a kind, not a message).
-    public var resultKind: String {
+    /// What `peripheral_sync_state.last_result` records (a kind, not a message).
+    public var result: SyncResult {
         switch self {
-        case .disconnected(let reason): return SyncResultKind.of("\(reason)")
-        case .linkLost: return "linkLost"
-        case .subscribeFailed: return "subscribeFailed"
+        case .disconnected(let reason): .disconnected(reason)
+        case .linkLost: .linkLost
+        case .subscribeFailed: .subscribeFailed
+        }
+    }
+
+    /// The BlueZ error text this end carries, if any (what the link-security check reads).
+    public var errorText: String? {
+        switch self {
+        case .disconnected(.streamInfoUnreadable(let detail)): detail
+        case .subscribeFailed(let message): message
+        default: nil
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .disconnected(let reason): reason.description
+        case .subscribeFailed(let message): "subscribe failed: \(message)"
+        case .linkLost: "link lost"
         }
     }
 }
@@ -311,7 +321,7 @@ public final class SyncSessionRunner {
     /// How the session ended, for `ferry peripherals`. Information for operators, outside the commit
     /// transaction: losing it in a crash loses nothing the protocol relies on.
     private func recordSessionEnd() {
-        let result = summary.backpressure ? "backpressure" : (summary.end ?? .linkLost).resultKind
+        let result = summary.backpressure ? .backpressure : (summary.end ?? .linkLost).result
         do {
             try store.recordSessionEnd(peripheral: peripheral, result: result, epoch: stream?.key.epoch, head: machine.knownHead)
         } catch {
@@ -327,13 +337,5 @@ public final class SyncSessionRunner {
         summary.gapsRecorded = s.gapsRecorded
         summary.regressions = s.regressions
         summary.corrupt = machine.decoder.statistics.corruptRuns
-    }
-}
-
-/// The kind of a session's end for `peripheral_sync_state.last_result`.
-public enum SyncResultKind {
-    /// "streamInfoUnreadable(\"...\")" → "streamInfoUnreadable": the column holds a kind, not a message.
-    public static func of(_ reason: String) -> String {
-        String(reason.prefix { $0 != "(" && $0 != ":" })
     }
 }

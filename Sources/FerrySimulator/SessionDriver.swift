@@ -124,7 +124,7 @@ extension SessionDriver {
             let outcome = await run(runner: runner, transport: transport, clock: clock, limits: limits)
             results.append(SessionResult(outcome: outcome, summary: runner.summary))
             if outcome.ending == .stepCapReached || outcome.ending == .hung { break }
-            if runner.summary.disconnectReason == "caughtUp" && runner.summary.cursor == peripheral.head { break }
+            if runner.summary.end == .disconnected(.caughtUp) && runner.summary.cursor == peripheral.head { break }
             clock.advance(by: backoff)
         }
         return results

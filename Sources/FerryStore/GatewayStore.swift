@@ -69,9 +69,9 @@ public final class GatewayStore {
             if version == 0 { try db.execute("PRAGMA auto_vacuum = INCREMENTAL") }
             try db.execute(GatewayStore.pragmas)
             try GatewayStore.migrate(db, path: path)
-        } catch let e as SQLiteError where e.primaryCode == SQLITE_CORRUPT {
+        } catch let e as SQLiteError where e.resultCode == .corrupt {
             throw StoreError.damaged(path: path, problems: [e.message])
-        } catch let e as SQLiteError where e.primaryCode == SQLITE_NOTADB {
+        } catch let e as SQLiteError where e.resultCode == .notadb {
             throw StoreError.notADatabase(path: path, detail: e.message)
         } catch let e as SQLiteError {
             throw StoreError.sqlite(e)
@@ -98,7 +98,7 @@ public final class GatewayStore {
             if version < Schema.latestVersion {
                 throw StoreError.needsMigration(path: path, found: version, supported: Schema.latestVersion)
             }
-        } catch let e as SQLiteError where e.primaryCode == SQLITE_NOTADB || e.primaryCode == SQLITE_CORRUPT {
+        } catch let e as SQLiteError where e.resultCode == .notadb || e.resultCode == .corrupt {
             throw StoreError.notADatabase(path: path, detail: e.message)
         } catch let e as SQLiteError {
             throw StoreError.sqlite(e)
@@ -146,7 +146,7 @@ public final class GatewayStore {
     public func quickCheck(maxProblems: Int = 10) throws -> [String] {
         do {
             return try quickCheckRows(maxProblems: maxProblems)
-        } catch StoreError.sqlite(let e) where e.primaryCode == SQLITE_CORRUPT || e.primaryCode == SQLITE_NOTADB {
+        } catch StoreError.sqlite(let e) where e.resultCode == .corrupt || e.resultCode == .notadb {
             return [e.message]  // damage bad enough to stop the check itself
         }
     }
@@ -261,19 +261,18 @@ public final class GatewayStore {
                 let peripheral = key.peripheral.string
                 let epoch = String(key.epoch)
                 if let gap {
-                    let payload =
-                        #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","first_seq":"\#(gap.lowerBound)","#
-                        + #""last_seq":"\#(gap.upperBound)","detected_at":"\#(Timestamp.iso8601(millis: now))"}"#
                     try insertOutboxEvent(
-                        type: "GAP", payload: payload, key: key, first: gap.lowerBound, last: gap.upperBound,
-                        frameCount: 0, now: now)
+                        .gap(
+                            peripheral: peripheral, epoch: epoch, firstSeq: gap.lowerBound, lastSeq: gap.upperBound,
+                            detectedAt: Timestamp.iso8601(millis: now)),
+                        key: key, first: gap.lowerBound, last: gap.upperBound, frameCount: 0, now: now)
                 }
                 if let first = fresh.first, let last = fresh.last {
-                    let payload =
-                        #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","first_seq":"\#(first.seq)","#
-                        + #""last_seq":"\#(last.seq)","count":\#(fresh.count)}"#
                     let eventID = try insertOutboxEvent(
-                        type: "FRAMES", payload: payload, key: key, first: first.seq, last: last.seq,
+                        .frames(
+                            peripheral: peripheral, epoch: epoch, firstSeq: first.seq, lastSeq: last.seq,
+                            count: fresh.count),
+                        key: key, first: first.seq, last: last.seq,
                         frameCount: fresh.count, payloadBytes: fresh.reduce(0) { $0 + $1.payload.count }, now: now)
                     let insert = try database.cached(
                         """
@@ -299,7 +298,7 @@ public final class GatewayStore {
 
     @discardableResult
     private func insertOutboxEvent(
-        type: String, payload: String, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int,
+        _ payload: OutboxPayload, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int,
         payloadBytes: Int = 0, now: Int64
     ) throws -> String {
         let id = UUID().uuidString.lowercased()
@@ -310,7 +309,7 @@ public final class GatewayStore {
             VALUES (?, ?, ?, 'PENDING', 0, ?, ?, ?, ?, ?, ?, ?, ?)
             """
         ).run([
-            .text(id), .text(type), .text(payload), .integer(now), .integer(now), .text(key.peripheral.string),
+            .text(id), .text(payload.type.rawValue), .text(payload.json), .integer(now), .integer(now), .text(key.peripheral.string),
             .text(String(key.epoch)), first.map { .integer(Int64(bitPattern: $0)) } ?? .null,
             last.map { .integer(Int64(bitPattern: $0)) } ?? .null, .integer(Int64(frameCount)),
             .integer(Int64(payloadBytes)),
@@ -333,12 +332,11 @@ public final class GatewayStore {
                     newEpoch = UInt64.random(in: 1...UInt64.max)
                 } while try storedCursor(StreamKey(peripheral: stream.key.peripheral, epoch: newEpoch)) != nil
                 let peripheral = stream.key.peripheral.string
-                let payload =
-                    #"{"peripheral":"\#(peripheral)","epoch":"\#(stream.key.epoch)","cursor":"\#(cursor)","#
-                    + #""head":"\#(head)","new_epoch":"\#(newEpoch)","detected_at":"\#(Timestamp.iso8601(millis: now))"}"#
                 try insertOutboxEvent(
-                    type: "REGRESSION", payload: payload, key: stream.key, first: nil, last: nil, frameCount: 0,
-                    now: now)
+                    .regression(
+                        peripheral: peripheral, epoch: String(stream.key.epoch), cursor: cursor, head: head,
+                        newEpoch: newEpoch, detectedAt: Timestamp.iso8601(millis: now)),
+                    key: stream.key, first: nil, last: nil, frameCount: 0, now: now)
                 try database.cached(
                     "UPDATE stream_cursors SET active = 0, updated_at = ? WHERE peripheral = ? AND epoch = ?"
                 ).run([.integer(now), .text(peripheral), .text(String(stream.key.epoch))])

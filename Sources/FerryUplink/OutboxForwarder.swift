@@ -273,33 +273,31 @@ public actor OutboxForwarder {
             let epoch = UInt64(event.epoch) ?? 0
             let content: UplinkEvent.Content
             switch event.type {
-            case "FRAMES":
+            case .frames:
                 let frames = try store.frames(for: event).map {
                     UplinkFrame(
                         seq: $0.seq, payload: $0.payload,
                         receivedAt: UplinkTimestamp(millisecondsSince1970: $0.receivedAt))
                 }
                 content = .frames(frames)
-            case "GAP":
+            case .gap:
                 content = .gap(
                     firstSeq: event.firstSeq ?? 0, lastSeq: event.lastSeq ?? 0,
                     detectedAt: UplinkTimestamp(millisecondsSince1970: event.createdAt))
-            default:
-                let fields = Self.stringFields(of: event.payload)
+            case .regression:
+                // The store wrote this payload in the transaction that rebased the stream; unreadable means a
+                // damaged row: said so (the batch stays unsent) rather than reported upstream as zeros.
+                guard case .regression(_, _, let cursor, let head, _, _)? = event.decodedPayload else {
+                    throw StoreError.unexpectedValue(column: "outbox_events.payload (\(event.id))", value: event.payload)
+                }
                 content = .regression(
-                    cursor: UInt64(fields["cursor"] ?? "") ?? 0, head: UInt64(fields["head"] ?? "") ?? 0,
-                    detectedAt: UplinkTimestamp(millisecondsSince1970: event.createdAt))
+                    cursor: cursor, head: head, detectedAt: UplinkTimestamp(millisecondsSince1970: event.createdAt))
             }
             events.append(UplinkEvent(id: event.id, peripheral: event.peripheral, epoch: epoch, content: content))
         }
         // The gateway the batch was first sent with: a resend is byte-identical after a host rename.
         return UplinkBodyEncoder.encode(
             UplinkBatchBody(gateway: batch.gateway ?? configuration.gatewayID, batch: batch.id, events: events))
-    }
-
-    private static func stringFields(of json: String) -> [String: String] {
-        guard let object = try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any] else { return [:] }
-        return object.compactMapValues { $0 as? String }
     }
 
     private func settle(_ batch: ClaimedBatch, _ attempt: UplinkAttempt, sentAt: Int64) throws {

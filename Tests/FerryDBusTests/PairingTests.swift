@@ -73,7 +73,7 @@ final class RecordingLog: LogSink {
             #expect(fake.state.withLock { $0.agents.first?.capability } == "NoInputNoOutput")
             let trusted = try store.trustedPeripherals()
             #expect(trusted.map(\.address) == [address])
-            #expect(trusted.first?.pairingMethod == "just-works")
+            #expect(trusted.first?.pairingMethod == .justWorks)
             #expect(trusted.first?.name == "ferry-sensor")
         }
     }
@@ -91,7 +91,7 @@ final class RecordingLog: LogSink {
 
             let result = try await pairing.pair(address: address, passkey: 4_321, store: store)
             #expect(result.method == .passkey)
-            #expect(try store.trustedPeripheral(address)?.pairingMethod == "passkey")
+            #expect(try store.trustedPeripheral(address)?.pairingMethod == .passkey)
         }
     }
 

@@ -122,7 +122,7 @@ import Testing
             let store = try GatewayStore(path: path, clock: FixedWallClock(millis: 1_000_000))
             _ = try store.openStream(peripheral: a, deviceEpoch: 7)
             _ = try store.openStream(peripheral: b, deviceEpoch: 9)
-            try store.recordSessionEnd(peripheral: a, result: "caughtUp", epoch: 7, head: 12)
+            try store.recordSessionEnd(peripheral: a, result: .disconnected(.caughtUp), epoch: 7, head: 12)
         }
         let store = try GatewayStore.openReadOnly(path: path)
         let readings = try StoreReadings.read(from: store, now: 1_030_500)
@@ -389,7 +389,7 @@ final class Client {
         runner.metrics = metrics
         return runner
     }
-    #expect(results.last?.summary.disconnectReason == "caughtUp")
+    #expect(results.last?.summary.end == .disconnected(.caughtUp))
     let stored = try store.frames(of: StreamKey(peripheral: address, epoch: peripheral.epoch)).count
     #expect(stored == 1_500)
     #expect(metrics.snapshot.value(FerryMetric.framesStored) == Double(stored))

@@ -139,8 +139,8 @@ import Testing
                 let s = runner.summary
                 // GatewayDaemon's outcome mapping and nudge.
                 let outcome: SyncScheduler.Outcome
-                switch s.disconnectReason {
-                case "caughtUp": outcome = .caughtUp
+                switch s.end {
+                case .disconnected(.caughtUp): outcome = .caughtUp
                 case _ where s.backpressure: outcome = .interrupted(backlog: nil)
                 default: outcome = .failed
                 }
@@ -245,7 +245,7 @@ import Testing
         #expect(signals.sessionsAllowed)
         #expect(log.matching("): sessions resume").count == 1)
         let second = await session()
-        #expect(second.summary.disconnectReason == "caughtUp", "\(second.summary)")
+        #expect(second.summary.end == .disconnected(.caughtUp), "\(second.summary)")
         #expect(try store.openStream(peripheral: address, deviceEpoch: peripheral.epoch).cursor == peripheral.head)
         #expect(try store.frames(of: stream.key).count == Int(peripheral.head))
     }
