@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 import FerryStore
 
@@ -16,7 +17,7 @@ struct CommandFailure: Error, CustomStringConvertible {
 }
 
 public enum FerryCommandLine {
-    public static let version = "0.1.0"
+    public static var version: String { FerryVersion.string }
 
     /// Every subcommand: its name, the line `ferry --help` shows, its own help text and its entry point.
     struct Subcommand: Sendable {

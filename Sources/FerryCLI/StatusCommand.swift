@@ -1,3 +1,4 @@
+import FerryCore
 import FerryGateway
 import FerryStore
 import FerryUplink

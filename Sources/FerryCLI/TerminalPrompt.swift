@@ -1,3 +1,4 @@
+import FerryCore
 import Dispatch
 import FerryGateway
 import FerryProtocol

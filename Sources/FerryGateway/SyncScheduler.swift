@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 
 /// Decides which peripheral gets one of the gateway's few connection slots next. Pure: the daemon tells it
@@ -149,9 +150,9 @@ public struct SyncScheduler: Sendable {
 
     /// Seconds to wait after `failures` consecutive failures (before jitter).
     public func backoff(afterFailures failures: Int) -> Double {
-        let exponent = min(max(failures - 1, 0), 30)
-        let raw = configuration.backoffBase * Double(1 << exponent)
-        return min(configuration.backoffCap, raw) * jitter()
+        Backoff.ceiling(
+            base: configuration.backoffBase, cap: configuration.backoffCap, doublings: failures - 1, maxDoublings: 30)
+            * jitter()
     }
 
     /// When the daemon should ask `due` again at the latest (nil: nothing can become due by time alone).

@@ -1,3 +1,4 @@
+import FerryCore
 import Foundation
 
 /// `outbox_events.event_type`. The raw values are the stored text (a CHECK constraint allows only these).
@@ -13,7 +14,7 @@ public enum OutboxEventType: String, Sendable, CaseIterable {
 /// What an outbox event's `payload` column holds: written by the store in the transaction that creates the
 /// event, read back by the uplink. One type on both sides, so the two cannot drift apart.
 ///
-/// The JSON is written by hand on purpose: the stored bytes are what older databases hold and what
+/// Written with FerryCore's JSONWriter: the stored bytes are what older databases hold and what
 /// `ferry outbox list --json` shows, so the key order and the quoting of numbers (seqs and epochs are
 /// strings: they do not fit a double) must stay exactly as they are.
 public enum OutboxPayload: Sendable, Equatable {
@@ -33,17 +34,42 @@ public enum OutboxPayload: Sendable, Equatable {
 
     /// The stored text.
     public var json: String {
+        var out = JSONWriter()
+        func start(_ peripheral: String, _ epoch: String) {
+            out.raw(#"{"peripheral":"#)
+            out.string(peripheral)
+            out.raw(#","epoch":"#)
+            out.string(epoch)
+        }
         switch self {
         case .frames(let peripheral, let epoch, let first, let last, let count):
-            #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","first_seq":"\#(first)","#
-                + #""last_seq":"\#(last)","count":\#(count)}"#
+            start(peripheral, epoch)
+            out.raw(#","first_seq":"#)
+            out.decimal(first)
+            out.raw(#","last_seq":"#)
+            out.decimal(last)
+            out.raw(#","count":\#(count)"#)
         case .gap(let peripheral, let epoch, let first, let last, let detectedAt):
-            #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","first_seq":"\#(first)","#
-                + #""last_seq":"\#(last)","detected_at":"\#(detectedAt)"}"#
+            start(peripheral, epoch)
+            out.raw(#","first_seq":"#)
+            out.decimal(first)
+            out.raw(#","last_seq":"#)
+            out.decimal(last)
+            out.raw(#","detected_at":"#)
+            out.string(detectedAt)
         case .regression(let peripheral, let epoch, let cursor, let head, let newEpoch, let detectedAt):
-            #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","cursor":"\#(cursor)","#
-                + #""head":"\#(head)","new_epoch":"\#(newEpoch)","detected_at":"\#(detectedAt)"}"#
+            start(peripheral, epoch)
+            out.raw(#","cursor":"#)
+            out.decimal(cursor)
+            out.raw(#","head":"#)
+            out.decimal(head)
+            out.raw(#","new_epoch":"#)
+            out.decimal(newEpoch)
+            out.raw(#","detected_at":"#)
+            out.string(detectedAt)
         }
+        out.raw("}")
+        return out.text
     }
 
     /// Reads a stored payload back; nil if it is not what `json` writes for `type` (a damaged row).

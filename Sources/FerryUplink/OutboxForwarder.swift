@@ -240,7 +240,7 @@ public actor OutboxForwarder {
             return true
         } catch {
             let policy = configuration.policy
-            let after = min(policy.maxPauseSeconds, policy.basePauseSeconds * pow(2, Double(min(consecutivePauses, 62))))
+            let after = policy.pauseSeconds(consecutivePauses: consecutivePauses)
             consecutivePauses += 1
             report.pauses += 1
             pausedUntil = now + Int64(after * 1000)
