@@ -38,20 +38,23 @@ let package = Package(
         .target(name: "FerryDBus", dependencies: ["CDBus"]),
         // BlueZ client over D-Bus: adapter, device, GATT.
         .target(name: "FerryBlueZ", dependencies: ["FerryCore", "FerryDBus", "CBluetooth"]),
+        // BLE-agnostic sync: the session runner over any SyncTransport, its typed end, the live session loop,
+        // the scheduler, dump ingest. No BlueZ, D-Bus or HTTP: the simulator and `ferry ingest` need none.
+        .target(name: "FerrySync", dependencies: ["FerryCore", "FerryProtocol", "FerryStore"]),
         // In-process simulated Sync peripheral (tests, demo, benchmarks).
-        .target(name: "FerrySimulator", dependencies: ["FerryProtocol", "FerryGateway"]),
-        // Wiring: drives sessions against a transport and the store.
-        .target(name: "FerryGateway", dependencies: ["FerryCore", "FerryProtocol", "FerryStore", "FerryUplink", "FerryBlueZ"]),
+        .target(name: "FerrySimulator", dependencies: ["FerryProtocol", "FerrySync"]),
+        // BlueZ- and daemon-specific wiring: BlueZ transport, daemon, config, pairing, metrics.
+        .target(name: "FerryGateway", dependencies: ["FerryCore", "FerryProtocol", "FerryStore", "FerrySync", "FerryUplink", "FerryBlueZ"]),
         // Command line: argument parsing and subcommands (library so tests can call it in-process).
-        .target(name: "FerryCLI", dependencies: ["FerryCore", "FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"]),
+        .target(name: "FerryCLI", dependencies: ["FerryCore", "FerrySync", "FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"]),
         .executableTarget(name: "ferry", dependencies: ["FerryCLI"]),
 
         .testTarget(name: "FerryCoreTests", dependencies: ["FerryCore"]),
         .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol"]),
         .testTarget(name: "FerryStoreTests", dependencies: ["FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerryIntegrationTests", dependencies: ["FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
+        .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ", "FerryGateway", "FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ", "FerrySync", "FerryGateway", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore"]),
     ],
     swiftLanguageModes: [.v6]

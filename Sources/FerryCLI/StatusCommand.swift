@@ -1,5 +1,6 @@
 import FerryCore
 import FerryGateway
+import FerrySync
 import FerryStore
 import FerryUplink
 

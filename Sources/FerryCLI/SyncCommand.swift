@@ -2,6 +2,7 @@ import FerryCore
 import FerryBlueZ
 import FerryDBus
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerryStore
 import Foundation

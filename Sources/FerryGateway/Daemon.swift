@@ -4,6 +4,7 @@ import FerryProtocol
 import FerryStore
 import FerryUplink
 import Foundation
+import FerrySync
 
 /// The long-running gateway (`ferry run`): keeps the allowed peripherals synced through a few connection
 /// slots, and forwards the outbox alongside.

@@ -2,6 +2,7 @@ import FerryDBus
 import FerryProtocol
 import FerryStore
 import Foundation
+import FerrySync
 
 /// Ferry's metric names and what they mean (docs: Hardware/TROUBLESHOOTING.md, "Reading the metrics").
 public enum FerryMetric {
@@ -161,7 +162,7 @@ public struct LiveView: Codable, Sendable, Equatable {
 
 /// The metrics the daemon keeps in memory, shared by its tasks (they record) and the HTTP threads (they
 /// render): a `MetricsRegistry` behind a lock. Updated where the daemon already records its totals.
-public final class GatewayMetrics: Sendable {
+public final class GatewayMetrics: SessionMetrics {
     private let registry: LockedValue<MetricsRegistry>
 
     public init(maxConnections: Int) {
@@ -184,12 +185,12 @@ public final class GatewayMetrics: Sendable {
     }
 
     /// Frames a session just committed (SyncSessionRunner, per commit).
-    func stored(frames: Int) {
+    public func stored(frames: Int) {
         registry.withLock { $0.add(FerryMetric.framesStored, Double(frames)) }
     }
 
     /// Bytes a session just received on DATA (SyncSessionRunner, per notification).
-    func received(bytes: Int) {
+    public func received(bytes: Int) {
         registry.withLock { $0.add(FerryMetric.bytesReceived, Double(bytes)) }
     }
 

@@ -2,6 +2,7 @@ import FerryBlueZ
 import FerryDBus
 import FerryProtocol
 import FerryStore
+import FerrySync
 
 /// A failed `ferry pair`, with the operator's next step in the message.
 public struct PairingError: Error, CustomStringConvertible, Sendable {

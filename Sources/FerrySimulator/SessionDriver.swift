@@ -1,4 +1,4 @@
-import FerryGateway
+import FerrySync
 
 /// Runs one whole session of a `SyncSessionRunner` against a `SimulatedTransport`, deterministically.
 ///

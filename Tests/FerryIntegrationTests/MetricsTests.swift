@@ -5,6 +5,7 @@ import Foundation
 import Testing
 
 @testable import FerryGateway
+@testable import FerrySync
 
 #if canImport(Glibc)
     import Glibc

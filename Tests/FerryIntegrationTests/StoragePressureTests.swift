@@ -6,6 +6,7 @@ import Synchronization
 import Testing
 
 @testable import FerryGateway
+@testable import FerrySync
 
 #if canImport(Glibc)
     import Glibc

@@ -13,6 +13,14 @@ public protocol SyncTransport: AnyObject {
     func disconnect() async
 }
 
+/// Where a session's counters go as they happen (the daemon's metrics; nothing in `ferry sync` and tests).
+public protocol SessionMetrics: Sendable {
+    /// Bytes just received on DATA (per notification).
+    func received(bytes: Int)
+    /// Frames just committed (per commit).
+    func stored(frames: Int)
+}
+
 /// A transport failure the runner reports (the session ends; committed data is safe).
 public struct TransportError: Error, CustomStringConvertible, Sendable {
     public var description: String
@@ -101,7 +109,7 @@ public final class SyncSessionRunner {
     private let diskBudgetBytes: Int64?
     /// The daemon's metrics, counted as frames commit and bytes arrive (not at the session's end: a
     /// stay-connected session may last for days).
-    public var metrics: GatewayMetrics?
+    public var metrics: (any SessionMetrics)?
 
     /// `diskBudgetBytes`: when the store file (with its WAL) is larger, the runner stops committing and so stops
     /// acknowledging: the peripheral keeps its events until the uplink has drained and pruned the store.
