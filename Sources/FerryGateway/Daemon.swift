@@ -435,7 +435,7 @@ public actor GatewayDaemon {
         let log = self.log
         let clock = self.clock
         let task = Task {
-            let result = await SessionWorker(settings: settings, client: client, adapter: adapter, log: log, clock: clock)
+            let result = await SessionWorker(settings: settings, client: client, adapter: adapter, sink: log, clock: clock)
                 .run(register: { continuation in await self.attach(policy.address, continuation) })
             self.finished(policy.address, result)
         }
@@ -589,15 +589,17 @@ struct SessionWorker: Sendable {
     let settings: SessionSettings
     let client: BlueZClient
     let adapter: BlueZAdapter
-    let log: any LogSink
+    /// The daemon's sink; `log` adds the peripheral to every line.
+    let sink: any LogSink
     let clock: any MonotonicClock
 
     var address: PeripheralAddress { settings.policy.address }
+    var log: Logger { Logger(sink: sink).with(peripheral: address.string) }
 
     func run(register: @Sendable (AsyncStream<LinkEvent>.Continuation) async -> Bool) async -> SessionResult {
         let started = clock.now()
-        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) { [log] in
-            log.log(.debug, $0)
+        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) { [sink] in
+            sink.log(.debug, $0)
         }
         connector.waitTimeout = .seconds(15)
         // The daemon's own scheduler backs off between sessions; inside one attempt keep retries short so a
@@ -610,7 +612,7 @@ struct SessionWorker: Sendable {
             device = try await connector.connect(
                 policy: &retry, connectTimeout: .milliseconds(Int64(settings.connectTimeout * 1000)))
         } catch {
-            if !Task.isCancelled { log.log(.warning, "\(address): connect failed: \(error)") }
+            if !Task.isCancelled { log.log(.warning, "connect failed: \(error)") }
             return SessionResult(outcome: Task.isCancelled ? .interrupted(backlog: nil) : .failed)
         }
         // The bond checked before connecting may be gone now (removed by someone, or a different device
@@ -624,9 +626,9 @@ struct SessionWorker: Sendable {
                 timeout: .seconds(20))
         } catch {
             if let missing = error as? ServiceMissing {
-                log.log(.warning, "\(address): not a Sync peripheral (\(missing))")
+                log.log(.warning, "not a Sync peripheral (\(missing))")
             } else {
-                log.log(.warning, "\(address): services did not resolve: \(error)")
+                log.log(.warning, "services did not resolve: \(error)")
             }
             try? await device.disconnect()
             return SessionResult(outcome: .failed)
@@ -639,9 +641,9 @@ struct SessionWorker: Sendable {
         do {
             store = try GatewayStore(path: settings.databasePath)
             transport = try await BlueZSyncTransport(
-                device: device, service: service, events: continuation, preferredNotify: .acquireNotify, log: log)
+                device: device, service: service, events: continuation, preferredNotify: .acquireNotify, log: sink)
         } catch {
-            log.log(.error, "\(address): cannot start a session: \(error)")
+            log.log(.error, "cannot start a session: \(error)")
             try? await device.disconnect()
             return SessionResult(outcome: .failed)
         }
@@ -654,11 +656,11 @@ struct SessionWorker: Sendable {
         configuration.stayConnected = settings.policy.stayConnected
         let runner = SyncSessionRunner(
             peripheral: address, store: store, transport: transport, configuration: configuration, clock: clock,
-            log: log, diskBudgetBytes: settings.diskBudgetBytes)
+            log: sink, diskBudgetBytes: settings.diskBudgetBytes)
         runner.metrics = settings.metrics
         log.log(
             .info,
-            "\(address): connected in \(String(format: "%.2f", connectSeconds)) s"
+            "connected in \(String(format: "%.2f", connectSeconds)) s"
                 + (settings.policy.stayConnected ? " (stays connected for live events)" : ""))
         let sessionStart = clock.now()
         await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation, clock: clock)
@@ -667,21 +669,14 @@ struct SessionWorker: Sendable {
         let s = runner.summary
         let head = runner.machine.knownHead
         let backlog = head.map { $0 > s.cursor ? $0 - s.cursor : 0 }
-        let outcome: SyncScheduler.Outcome
-        switch s.end {
-        case .disconnected(.caughtUp): outcome = .caughtUp
-        // Ended to share the slot, not for a fault of the peripheral: back soon, by backlog priority.
-        case .disconnected(.shutdown), .disconnected(.maxDurationReached): outcome = .interrupted(backlog: backlog)
-        case _ where s.backpressure: outcome = .interrupted(backlog: backlog)
-        default: outcome = .failed
-        }
+        let outcome = SyncScheduler.Outcome(s, backlog: backlog)
         let rate = seconds > 0 ? Double(s.framesStored) / seconds : 0
         if let security = LinkSecurity.encryptionProblem(after: s.end) {
-            log.log(.warning, "\(address): \(security)")
+            log.log(.warning, "\(security)")
         }
         log.log(
             outcome == .failed ? .warning : .notice,
-            "\(address): sync \(s.end ?? .linkLost): \(s.framesStored) frames stored in "
+            "sync \(s.end ?? .linkLost): \(s.framesStored) frames stored in "
                 + String(format: "%.2f s (%.0f frames/s)", seconds, rate) + ", epoch \(s.epoch) cursor \(s.cursor)"
                 + (head.map { " head \($0)" } ?? "") + ", \(s.duplicates) duplicates, \(s.gapsRecorded) gaps, "
                 + "\(s.regressions) regressions, \(s.corrupt) corrupt"
@@ -694,7 +689,7 @@ struct SessionWorker: Sendable {
     /// returns the refused session's result (reported by the daemon).
     private func refuseUnbonded(_ device: BlueZDevice) async -> SessionResult? {
         guard settings.requireBond, !(await device.isBonded()) else { return nil }
-        log.log(.warning, "\(address): connected, but BlueZ holds no bond for it: disconnecting before any GATT access")
+        log.log(.warning, "connected, but BlueZ holds no bond for it: disconnecting before any GATT access")
         try? await device.disconnect()
         return SessionResult(outcome: .failed, bondMissingAfterConnect: true)
     }

@@ -38,6 +38,18 @@ public struct SyncScheduler: Sendable {
         case interrupted(backlog: UInt64?)
         /// Connect failed, link lost, no response: back off.
         case failed
+
+        /// How a session that ran ends for the scheduler (the daemon's mapping; the simulations use it too).
+        /// `backlog`: what the peripheral still holds beyond the cursor, when known.
+        public init(_ summary: SyncSummary, backlog: UInt64?) {
+            switch summary.end {
+            case .disconnected(.caughtUp): self = .caughtUp
+            // Ended to share the slot, not for a fault of the peripheral: back soon, by backlog priority.
+            case .disconnected(.shutdown), .disconnected(.maxDurationReached): self = .interrupted(backlog: backlog)
+            case _ where summary.backpressure: self = .interrupted(backlog: backlog)
+            default: self = .failed
+            }
+        }
     }
 
     public struct PeripheralState: Sendable, Equatable {

@@ -105,7 +105,8 @@ public final class SyncSessionRunner {
     private let store: GatewayStore
     private let transport: any SyncTransport
     private let clock: any MonotonicClock
-    private let log: any LogSink
+    /// Every line names the peripheral (metadata), not each message.
+    private let log: Logger
     private let diskBudgetBytes: Int64?
     /// The daemon's metrics, counted as frames commit and bytes arrive (not at the session's end: a
     /// stay-connected session may last for days).
@@ -123,7 +124,7 @@ public final class SyncSessionRunner {
         self.store = store
         self.transport = transport
         self.clock = clock
-        self.log = log
+        self.log = Logger(sink: log).with(peripheral: peripheral.string)
         machine = SyncSession(configuration: configuration)
         summary = SyncSummary(peripheral: peripheral.string)
     }
@@ -189,7 +190,7 @@ public final class SyncSessionRunner {
                 lastCommittedCursor = handle.cursor
                 return machine.cursorLoaded(handle.cursor, now: now)
             } catch {
-                log.log(.error, "\(peripheral): cannot open stream: \(error)")
+                log.log(.error, "cannot open stream: \(error)")
                 return machine.commitFailed(now: now)
             }
         case .recordRegression(_, let cursor, let head):
@@ -198,13 +199,13 @@ public final class SyncSessionRunner {
                 let rebased = try store.recordRegression(stream: current, cursor: cursor, head: head)
                 log.log(
                     .warning,
-                    "\(peripheral): sequence regression on epoch \(current.deviceEpoch): head \(head) < cursor \(cursor); "
+                    "sequence regression on epoch \(current.deviceEpoch): head \(head) < cursor \(cursor); "
                         + "recorded, new events go to store epoch \(rebased.key.epoch)")
                 stream = rebased
                 lastCommittedCursor = 0
                 return machine.cursorLoaded(0, now: now)
             } catch {
-                log.log(.error, "\(peripheral): cannot record regression: \(error)")
+                log.log(.error, "cannot record regression: \(error)")
                 return machine.commitFailed(now: now)
             }
         case .subscribe:
@@ -215,7 +216,7 @@ public final class SyncSessionRunner {
                 // Without DATA the session cannot run (e.g. BlueZ still holds a dead process's AcquireNotify:
                 // "Notify acquired"). End it now — the SYNC_REQ queued behind this must not go out — and let
                 // the caller back off and retry.
-                log.log(.warning, "\(peripheral): subscribe failed: \(error)")
+                log.log(.warning, "subscribe failed: \(error)")
                 summary.end = .subscribeFailed("\(error)")
                 recordSessionEnd()
                 dropQueuedActions = true
@@ -228,20 +229,20 @@ public final class SyncSessionRunner {
             do {
                 try await transport.writeControl(Frame.syncRequest(lastCommitted: last, window: window).encoded())
             } catch {
-                log.log(.warning, "\(peripheral): SYNC_REQ write failed: \(error)")
+                log.log(.warning, "SYNC_REQ write failed: \(error)")
                 // The response timeout re-sends it; a dead link shows up as a disconnect.
             }
             return []
         case .sendSyncAck(let seq):
             guard seq <= lastCommittedCursor else {
-                log.log(.error, "\(peripheral): refusing SYNC_ACK(\(seq)) above committed cursor \(lastCommittedCursor)")
+                log.log(.error, "refusing SYNC_ACK(\(seq)) above committed cursor \(lastCommittedCursor)")
                 return []
             }
             do {
                 try await transport.writeControl(Frame.syncAck(committed: seq).encoded())
                 acksSent.append(seq)
             } catch {
-                log.log(.warning, "\(peripheral): SYNC_ACK write failed: \(error)")
+                log.log(.warning, "SYNC_ACK write failed: \(error)")
             }
             return []
         case .commit(let batch):
@@ -250,7 +251,7 @@ public final class SyncSessionRunner {
                 summary.backpressure = true
                 log.log(
                     .warning,
-                    "\(peripheral): store uses \(used) bytes, over its budget of \(budget): not committing or "
+                    "store uses \(used) bytes, over its budget of \(budget): not committing or "
                         + "acknowledging; the peripheral keeps its events (backpressure)")
                 return machine.commitFailed(now: now)
             }
@@ -260,7 +261,7 @@ public final class SyncSessionRunner {
                 summary.framesStored += outcome.framesInserted
                 metrics?.stored(frames: outcome.framesInserted)
                 if let gap = outcome.gapRecorded {
-                    log.log(.warning, "\(peripheral): gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
+                    log.log(.warning, "gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
                 }
                 return machine.commitFinished(cursor: outcome.cursor, now: clock.now())
             } catch StoreError.sqlite(let e) where e.isFull {
@@ -270,15 +271,15 @@ public final class SyncSessionRunner {
                 summary.diskFull = true
                 log.log(
                     .error,
-                    "\(peripheral): disk full (SQLITE_FULL): window not committed, nothing acknowledged; the "
+                    "disk full (SQLITE_FULL): window not committed, nothing acknowledged; the "
                         + "peripheral keeps its events (backpressure)")
                 return machine.commitFailed(now: clock.now())
             } catch {
-                log.log(.error, "\(peripheral): commit failed, nothing acknowledged: \(error)")
+                log.log(.error, "commit failed, nothing acknowledged: \(error)")
                 return machine.commitFailed(now: clock.now())
             }
         case .caughtUp(let cursor):
-            log.log(.debug, "\(peripheral): caught up at \(cursor)")
+            log.log(.debug, "caught up at \(cursor)")
             return []
         case .disconnect(let reason):
             summary.end = .disconnected(reason)
@@ -286,13 +287,13 @@ public final class SyncSessionRunner {
             case .noProgress:
                 log.log(
                     .warning,
-                    "\(peripheral): no new frame committed for \(machine.configuration.noProgressTimeout) s while more "
+                    "no new frame committed for \(machine.configuration.noProgressTimeout) s while more "
                         + "was expected (\(machine.statistics.duplicates) duplicates, "
                         + "\(machine.decoder.statistics.corruptRuns) corrupt runs so far): ending the session to free the slot")
             case .maxDurationReached:
                 log.log(
                     .notice,
-                    "\(peripheral): session reached its maximum length of "
+                    "session reached its maximum length of "
                         + "\(machine.configuration.maxSessionDuration ?? 0) s: releasing the slot, the rest follows next session")
             default: break
             }
@@ -320,7 +321,7 @@ public final class SyncSessionRunner {
                 attempt += 1
                 log.log(
                     .warning,
-                    "\(peripheral): store locked by another writer (\(error.message)); retrying the commit "
+                    "store locked by another writer (\(error.message)); retrying the commit "
                         + "(\(attempt)/\(Self.busyRetries)), nothing acknowledged meanwhile")
             }
         }
@@ -333,7 +334,7 @@ public final class SyncSessionRunner {
         do {
             try store.recordSessionEnd(peripheral: peripheral, result: result, epoch: stream?.key.epoch, head: machine.knownHead)
         } catch {
-            log.log(.warning, "\(peripheral): cannot record how the session ended: \(error)")
+            log.log(.warning, "cannot record how the session ended: \(error)")
         }
     }
 

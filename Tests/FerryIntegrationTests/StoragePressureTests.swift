@@ -139,12 +139,7 @@ import Testing
                 _ = await SessionDriver.run(runner: runner, transport: transport, clock: sessionClock)
                 let s = runner.summary
                 // GatewayDaemon's outcome mapping and nudge.
-                let outcome: SyncScheduler.Outcome
-                switch s.end {
-                case .disconnected(.caughtUp): outcome = .caughtUp
-                case _ where s.backpressure: outcome = .interrupted(backlog: nil)
-                default: outcome = .failed
-                }
+                let outcome = SyncScheduler.Outcome(s, backlog: nil)
                 if s.backpressure { signals.nudge(s.diskFull ? .diskFull : .overBudget) }
                 scheduler.finished(address, outcome: outcome, now: t)
             }
