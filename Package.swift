@@ -52,6 +52,7 @@ let package = Package(
         .testTarget(name: "FerryCoreTests", dependencies: ["FerryCore"]),
         .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol"]),
         .testTarget(name: "FerryStoreTests", dependencies: ["FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerrySyncTests", dependencies: ["FerrySync", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ", "FerrySync", "FerryGateway", "FerryStore", "FerryProtocol"]),

@@ -57,9 +57,11 @@ enum StatusCommand {
         let backlog = (counts["PENDING"] ?? 0) + (counts["IN_FLIGHT"] ?? 0)
         // A forwarder that stopped (or died: its lease expired) is "not running", whatever it recorded last.
         let running = uplink?.running == true
-        let state = running ? (uplink?.state ?? "online") : "not running"
+        // nil: no forwarder running.
+        let uplinkState: UplinkState? = running ? (uplink?.state ?? .online) : nil
+        let state = uplinkState?.rawValue ?? "not running"
         let since = running ? uplink?.since.map { UplinkTimestamp(millisecondsSince1970: $0).rfc3339 } : nil
-        let detail = running && state != "online" ? uplink?.detail : nil
+        let detail = running && uplinkState != .online ? uplink?.detail : nil
         let statuses = ["PENDING", "IN_FLIGHT", "COMPLETED", "FAILED"]
         let live = liveView(nextTo: dbPath, now: now)
         if args.flags.contains("--json") {
@@ -105,12 +107,12 @@ enum StatusCommand {
             output.out("oldest PENDING event: \(Int(age.rounded())) s old")
         }
         output.out("store: \(diskBytes) bytes on disk (with WAL)")
-        switch state {
-        case "not running":
+        switch uplinkState {
+        case nil:
             output.out("uplink: no forwarder running; backlog \(backlog) events")
-        case "offline":
+        case .offline?:
             output.out("uplink: offline since \(since ?? "?") (\(detail ?? "no answer")); backlog \(backlog) events")
-        case "paused":
+        case .paused?:
             output.out("uplink: paused for credentials since \(since ?? "?") (\(detail ?? "?")); backlog \(backlog) events")
         default:
             output.out("uplink: \(state) (forwarder pid \(uplink?.pid ?? 0)); backlog \(backlog) events")

@@ -108,7 +108,7 @@ public actor GatewayDaemon {
                 + (new.allowAnySyncPeripheral ? ", lab mode (any Sync peripheral)" : "")
                 + (new.requireBond ? ", bonded only" : ", unbonded allowed (lab)"))
         for (address, session) in sessions where configuration.policy(for: address, trusted: trusted) == nil {
-            log.log(.notice, "\(address): no longer allowed, stopping its session")
+            log(for: address).log(.notice, "no longer allowed, stopping its session")
             session.control?.yield(.stop)
         }
     }
@@ -253,7 +253,7 @@ public actor GatewayDaemon {
                             continue
                         }
                         if refusals.removeValue(forKey: address) != nil {
-                            log.log(.notice, "\(address): bonded now; syncing it")
+                            log(for: address).log(.notice, "bonded now; syncing it")
                         }
                         start(policy, client: client, adapter: adapter)
                     }
@@ -345,7 +345,7 @@ public actor GatewayDaemon {
                 guard uuids.contains(where: { $0.lowercased() == SyncProfile.serviceUUID }),
                     let text = device.properties["Address"]?.string, let address = PeripheralAddress(text)
                 else { continue }
-                if scheduler.peripherals[address] == nil { log.log(.info, "\(address): discovered (lab mode)") }
+                if scheduler.peripherals[address] == nil { log(for: address).log(.info, "discovered (lab mode)") }
                 candidates.insert(address)
             }
         }
@@ -362,10 +362,10 @@ public actor GatewayDaemon {
         do {
             let fresh = Set(try registry.trustedPeripherals().map(\.address))
             for address in fresh.subtracting(trusted) where !force {
-                log.log(.notice, "\(address): paired (trusted peripherals); will sync it")
+                log(for: address).log(.notice, "paired (trusted peripherals); will sync it")
             }
             for address in trusted.subtracting(fresh) {
-                log.log(.notice, "\(address): unpaired (removed from trusted peripherals)")
+                log(for: address).log(.notice, "unpaired (removed from trusted peripherals)")
                 if configuration.policy(for: address, trusted: fresh) == nil { sessions[address]?.control?.yield(.stop) }
             }
             trusted = fresh
@@ -390,10 +390,13 @@ public actor GatewayDaemon {
         trusted.contains(address) ? .bondLost(address) : .notBonded(address)
     }
 
+    /// The daemon's log with `address` in its metadata (lines read "ADDRESS: message").
+    private func log(for address: PeripheralAddress) -> Logger { Logger(sink: log).with(peripheral: address.string) }
+
     private func refuse(_ address: PeripheralAddress, _ why: BondRefusal) {
         guard refusals[address] != why else { return }
         refusals[address] = why
-        log.log(.warning, "\(address): \(why)")
+        log(for: address).log(.warning, "\(why)")
         try? registry?.recordSessionEnd(peripheral: address, result: why.result, epoch: nil, head: nil)
     }
 
@@ -490,9 +493,9 @@ public actor GatewayDaemon {
         }
         if case .failed = result.outcome, let state = scheduler.peripherals[address] {
             let wait = max(0, state.notBefore - clock.now())
-            log.log(
+            log(for: address).log(
                 .info,
-                "\(address): backing off \(String(format: "%.1f", wait)) s after \(state.consecutiveFailures) "
+                "backing off \(String(format: "%.1f", wait)) s after \(state.consecutiveFailures) "
                     + "consecutive failures")
         }
     }

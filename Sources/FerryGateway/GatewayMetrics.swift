@@ -234,7 +234,7 @@ public struct StoreReadings: Sendable, Equatable {
         r.outbox = try store.outboxCounts()
         r.oldestPendingAgeSeconds = try store.oldestPendingCreatedAt().map { max(0, Double(now - $0) / 1000) }
         let uplink = try store.uplinkState(now: now)
-        r.uplinkState = uplink?.running == true ? (uplink?.state ?? "online") : "not running"
+        r.uplinkState = uplink?.running == true ? (uplink?.state.rawValue ?? "online") : "not running"
         r.diskBytes = try store.diskBytes()
         var seen = Set<String>()
         for stream in try store.streams() where stream.active && seen.count < FerryMetric.maxPeripheralSeries {

@@ -78,11 +78,11 @@ public struct PeripheralPairing: Sendable {
             requests.withLock { $0.append(request) }
             switch request {
             case .displayPasskey(_, let shown):
-                log.log(.notice, "\(address): enter passkey \(shown) on the peripheral")
+                Logger(sink: log).with(peripheral: address.string).log(.notice, "enter passkey \(shown) on the peripheral")
             case .confirmationRequested(_, let shown):
-                log.log(.info, "\(address): numeric comparison, the peripheral shows \(BlueZAgent.formatPasskey(shown))")
+                Logger(sink: log).with(peripheral: address.string).log(.info, "numeric comparison, the peripheral shows \(BlueZAgent.formatPasskey(shown))")
             case .passkeyRequested:
-                log.log(.info, "\(address): the peripheral asks for its passkey")
+                Logger(sink: log).with(peripheral: address.string).log(.info, "the peripheral asks for its passkey")
             default: break
             }
         }
@@ -99,7 +99,7 @@ public struct PeripheralPairing: Sendable {
         var method = PairingMethod.existingBond
         do {
             if await device.isBonded() {
-                log.log(.info, "\(address): BlueZ already holds a bond; verifying it (to pair anew: ferry unpair first)")
+                Logger(sink: log).with(peripheral: address.string).log(.info, "BlueZ already holds a bond; verifying it (to pair anew: ferry unpair first)")
             } else {
                 progress(.pairing)
                 try await pairAndWaitForBond(device)

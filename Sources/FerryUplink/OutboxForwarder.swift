@@ -92,7 +92,7 @@ public actor OutboxForwarder {
     private var lastRenewal: Int64 = 0
     private var lastWall: Int64 = 0
     private var lastMono: Int64 = 0
-    private var recordedState = "online"
+    private var recordedState = UplinkState.online
     public private(set) var report = ForwardReport()
 
     /// `tokenSource` is called before the first request and again after every 401/403 pause (the operator
@@ -244,7 +244,7 @@ public actor OutboxForwarder {
             consecutivePauses += 1
             report.pauses += 1
             pausedUntil = now + Int64(after * 1000)
-            try? record("paused", since: wallClock.nowMillis(), detail: "cannot use the token: \(error)")
+            try? record(.paused, since: wallClock.nowMillis(), detail: "cannot use the token: \(error)")
             log.log(.error, "uplink: paused \(String(format: "%.0f", after)) s: cannot use the token: \(error)")
             return false
         }
@@ -317,7 +317,7 @@ public actor OutboxForwarder {
             consecutivePauses = 0
             try store.completeBatch(batch.id, now: wall)
             try apply(health.succeeded(batch: batch.id, now: now), now: now)
-            try record("online", since: wall, detail: nil)
+            try record(.online, since: wall, detail: nil)
             report.batchesDelivered += 1
             report.eventsDelivered += batch.events.count
             report.framesDelivered += frames
@@ -342,7 +342,7 @@ public actor OutboxForwarder {
             try store.retryBatch(
                 batch.id, error: "\(reason)", nextRetryAt: wall &+ UplinkHealth.millis(after), countsAsRetry: false,
                 maxRetries: Int(Int32.max))
-            try record("paused", since: wall, detail: "\(reason)")
+            try record(.paused, since: wall, detail: "\(reason)")
             log.log(.warning, "uplink: paused \(String(format: "%.0f", after)) s: \(reason)")
         case .fail(let reason):
             consecutivePauses = 0
@@ -397,7 +397,7 @@ public actor OutboxForwarder {
             break
         case .wentOffline(let since, let nextProbeAt):
             report.offlinePeriods += 1
-            try record("offline", since: wallClock.nowMillis() &- (now &- since), detail: reason.map { "\($0)" })
+            try record(.offline, since: wallClock.nowMillis() &- (now &- since), detail: reason.map { "\($0)" })
             let backlog = try store.undeliveredCount()
             log.log(
                 .warning,
@@ -415,7 +415,7 @@ public actor OutboxForwarder {
     }
 
     /// The uplink state `ferry status` shows; written on changes only.
-    private func record(_ state: String, since: Int64, detail: String?) throws {
+    private func record(_ state: UplinkState, since: Int64, detail: String?) throws {
         guard state != recordedState else { return }
         recordedState = state
         try store.recordUplinkState(owner: owner, state: state, since: since, detail: detail)

@@ -1,4 +1,3 @@
-import FerryGateway
 import FerrySync
 import FerryProtocol
 import Testing
