@@ -39,7 +39,7 @@ enum StatusCommand {
         let dbPath = try args.required("--db", command: "status")
         let store = try FerryCommandLine.openStore(dbPath, create: false, readOnly: true)
         let streams: [GatewayStore.StreamStatus]
-        let counts: [String: Int]
+        let counts: [OutboxStatus: Int]
         let oldest: Int64?
         let diskBytes: Int64
         let uplink: UplinkStateRecord?
@@ -54,7 +54,7 @@ enum StatusCommand {
             throw CommandFailure("database \(dbPath): \(error)")
         }
         let age = oldest.map { max(0, Double(now - $0) / 1000) }
-        let backlog = (counts["PENDING"] ?? 0) + (counts["IN_FLIGHT"] ?? 0)
+        let backlog = (counts[.pending] ?? 0) + (counts[.inFlight] ?? 0)
         // A forwarder that stopped (or died: its lease expired) is "not running", whatever it recorded last.
         let running = uplink?.running == true
         // nil: no forwarder running.
@@ -62,7 +62,7 @@ enum StatusCommand {
         let state = uplinkState?.rawValue ?? "not running"
         let since = running ? uplink?.since.map { UplinkTimestamp(millisecondsSince1970: $0).rfc3339 } : nil
         let detail = running && uplinkState != .online ? uplink?.detail : nil
-        let statuses = ["PENDING", "IN_FLIGHT", "COMPLETED", "FAILED"]
+        let statuses: [OutboxStatus] = [.pending, .inFlight, .completed, .failed]
         let live = liveView(nextTo: dbPath, now: now)
         if args.flags.contains("--json") {
             output.out(
@@ -78,7 +78,7 @@ enum StatusCommand {
                                 ])
                             })
                     ),
-                    ("outbox", .object(statuses.map { ($0, .int(counts[$0] ?? 0)) })),
+                    ("outbox", .object(statuses.map { ($0.rawValue, .int(counts[$0] ?? 0)) })),
                     ("oldest_pending_age_seconds", age.map { .double(($0 * 1000).rounded() / 1000) } ?? .null),
                     ("disk_bytes", .int(Int(diskBytes))),
                     (
@@ -102,7 +102,7 @@ enum StatusCommand {
                 output.out(pad(s.peripheral, 18) + pad(s.epoch, 22) + pad(String(s.cursor), 22) + "\(s.framesStaged)\(note)")
             }
         }
-        output.out("outbox: " + statuses.map { "\($0) \(counts[$0] ?? 0)" }.joined(separator: ", "))
+        output.out("outbox: " + statuses.map { "\($0.rawValue) \(counts[$0] ?? 0)" }.joined(separator: ", "))
         if let age {
             output.out("oldest PENDING event: \(Int(age.rounded())) s old")
         }

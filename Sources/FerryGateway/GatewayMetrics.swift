@@ -217,7 +217,7 @@ public struct StoreReadings: Sendable, Equatable {
         public var lastSyncAgeSeconds: Double?
     }
 
-    public var outbox: [String: Int] = [:]
+    public var outbox: [OutboxStatus: Int] = [:]
     public var oldestPendingAgeSeconds: Double?
     /// online | offline | paused | not running (as `ferry status` says it).
     public var uplinkState = "not running"
@@ -255,7 +255,10 @@ public struct StoreReadings: Sendable, Equatable {
     /// Sets the store's gauges in `registry` (a scrape's copy).
     public func apply(to registry: inout MetricsRegistry) {
         registry.set(FerryMetric.storeReadable, 1)
-        for (status, label) in [("PENDING", "pending"), ("IN_FLIGHT", "in_flight"), ("FAILED", "failed"), ("COMPLETED", "completed")] {
+        let labels: [(OutboxStatus, String)] = [
+            (.pending, "pending"), (.inFlight, "in_flight"), (.failed, "failed"), (.completed, "completed"),
+        ]
+        for (status, label) in labels {
             registry.set(FerryMetric.outbox, Double(outbox[status] ?? 0), labels: MetricsRegistry.Labels(["status": label]))
         }
         registry.set(FerryMetric.oldestPending, oldestPendingAgeSeconds ?? 0)

@@ -389,11 +389,15 @@ public final class GatewayStore {
     }
 
     /// Outbox event counts by status (every status present, zero if none).
-    public func outboxCounts() throws -> [String: Int] {
+    public func outboxCounts() throws -> [OutboxStatus: Int] {
         try store {
-            var counts = ["PENDING": 0, "IN_FLIGHT": 0, "COMPLETED": 0, "FAILED": 0]
+            var counts = Dictionary(uniqueKeysWithValues: OutboxStatus.allCases.map { ($0, 0) })
             try database.cached("SELECT status, count(*) FROM outbox_events GROUP BY status").forEach { row in
-                counts[row.text(0)] = Int(row.int64(1))
+                let text = row.text(0)
+                guard let status = OutboxStatus(rawValue: text) else {
+                    throw StoreError.unexpectedValue(column: "outbox_events.status", value: text)
+                }
+                counts[status] = Int(row.int64(1))
             }
             return counts
         }

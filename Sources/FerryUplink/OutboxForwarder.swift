@@ -154,8 +154,8 @@ public actor OutboxForwarder {
         }
         try store.releaseForwarderLease(owner: owner)
         let counts = try store.outboxCounts()
-        report.failedInStore = counts["FAILED"] ?? 0
-        report.pendingInStore = (counts["PENDING"] ?? 0) + (counts["IN_FLIGHT"] ?? 0)
+        report.failedInStore = counts[.failed] ?? 0
+        report.pendingInStore = (counts[.pending] ?? 0) + (counts[.inFlight] ?? 0)
         return report
     }
 

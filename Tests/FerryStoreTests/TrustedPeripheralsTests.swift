@@ -35,7 +35,7 @@ import Testing
         _ = try store.commit(batch(from: 0, dataFrames(1...20)), to: stream.key)
         try store.forget(testPeripheral)
         #expect(try store.frames(of: stream.key).count == 20)
-        #expect(try store.outboxCounts()["PENDING"] == 1)
+        #expect(try store.outboxCounts()[.pending] == 1)
         #expect(try store.activeCursor(testPeripheral).map { [$0.epoch, $0.cursor] } == [9, 20])
     }
 
