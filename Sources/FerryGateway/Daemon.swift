@@ -33,6 +33,8 @@ public actor GatewayDaemon {
     private var liveViewFailedAt: Double?
     private var scheduler: SyncScheduler
     private var sessions: [PeripheralAddress: ActiveSession] = [:]
+    /// Shutdown's waiters, resumed when the last session has finished (or at the grace deadline).
+    private var drainWaiters: [CheckedContinuation<Void, Never>] = []
     private var stopping = false
     /// Peripherals paired with `ferry pair` (the store's trusted_peripherals), re-read every few seconds so a
     /// pairing done while the daemon runs is picked up without a reload.
@@ -161,13 +163,7 @@ public actor GatewayDaemon {
 
     private func shutdown(forwarder: Task<Void, Never>?) async {
         beginStop()
-        let deadline = clock.now() + configuration.shutdownGraceSeconds
-        while !sessions.isEmpty && clock.now() < deadline {
-            // This runs in the cancelled task (SIGTERM cancels `run`), where Task.sleep returns at once: it
-            // busy-spun a core until the sessions ended. An unstructured task does not inherit the
-            // cancellation, so this really waits.
-            await Task { try? await Task.sleep(nanoseconds: 50_000_000) }.value
-        }
+        await waitForSessionsToFinish(within: configuration.shutdownGraceSeconds)
         if !sessions.isEmpty {
             log.log(
                 .warning,
@@ -471,8 +467,28 @@ public actor GatewayDaemon {
         return !stopping && configuration.policy(for: address, trusted: trusted) != nil
     }
 
+    /// Returns when every session has finished, or after `seconds`. Woken by `finished`, not by polling.
+    private func waitForSessionsToFinish(within seconds: Double) async {
+        guard !sessions.isEmpty else { return }
+        // The deadline's timer is an unstructured task: this runs in the cancelled task (SIGTERM cancels
+        // `run`), where a sleep of its own would return at once.
+        let deadline = Task { [weak self] in
+            try? await Task.sleep(for: .seconds(max(0, seconds)))
+            await self?.resumeDrainWaiters()
+        }
+        await withCheckedContinuation { drainWaiters.append($0) }
+        deadline.cancel()
+    }
+
+    private func resumeDrainWaiters() {
+        let waiting = drainWaiters
+        drainWaiters = []
+        for waiter in waiting { waiter.resume() }
+    }
+
     private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
         sessions[address] = nil
+        if sessions.isEmpty { resumeDrainWaiters() }
         metrics?.sessionEnded(result)
         metrics?.slotsInUse(sessions.count)
         scheduler.finished(address, outcome: result.outcome, now: clock.now())
