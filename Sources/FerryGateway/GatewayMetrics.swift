@@ -1,3 +1,4 @@
+import FerryCore
 import FerryDBus
 import FerryProtocol
 import FerryStore
@@ -158,6 +159,25 @@ public struct LiveView: Codable, Sendable, Equatable {
         case slotsInUse = "slots_in_use"
         case maxConnections = "max_connections"
     }
+
+    /// The file's JSON, written through FerryCore's one writer: keys sorted, as the file always had them, and
+    /// `adapter` left out when nil. Read back with JSONDecoder (`LiveViewFile.readFresh`).
+    public var json: JSON {
+        var pairs: [(String, JSON)] = []
+        if let adapter { pairs.append(("adapter", .string(adapter))) }
+        pairs += [
+            ("max_connections", .int(maxConnections)), ("pid", .int(Int(pid))),
+            (
+                "sessions",
+                .array(
+                    sessions.map {
+                        .object([("peripheral", .string($0.peripheral)), ("phase", .string($0.phase)), ("seconds", .double($0.seconds))])
+                    })
+            ),
+            ("slots_in_use", .int(slotsInUse)), ("updated_at", .int(Int(updatedAt))),
+        ]
+        return .object(pairs)
+    }
 }
 
 /// The metrics the daemon keeps in memory, shared by its tasks (they record) and the HTTP threads (they
@@ -315,9 +335,7 @@ public struct LiveViewFile: Sendable {
     }
 
     public func write(_ view: LiveView) throws {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        let data = try encoder.encode(view)
+        let data = Data(view.json.text.utf8)
         let temporary = path + ".tmp"
         try data.write(to: URL(fileURLWithPath: temporary))
         guard rename(temporary, path) == 0 else {
