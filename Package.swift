@@ -26,29 +26,36 @@ let package = Package(
             name: "CBluetooth", path: "Sources/CBluetooth", pkgConfig: "bluez",
             providers: [.apt(["libbluetooth-dev"])]),
 
+        // The one way to do small shared things: JSON writer, civil time / RFC 3339, backoff, version. No C.
+        .target(name: "FerryCore"),
         // Pure protocol logic: frames, CRC, STREAM_INFO, the sync session state machine. No I/O, no C.
         .target(name: "FerryProtocol"),
         // Durable store over SQLite: staged frames, transactional outbox, cursors.
-        .target(name: "FerryStore", dependencies: ["CSQLite", "FerryProtocol"]),
+        .target(name: "FerryStore", dependencies: ["CSQLite", "FerryCore", "FerryProtocol"]),
         // Outbox forwarder to the backend over HTTP(S).
-        .target(name: "FerryUplink", dependencies: ["FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
+        .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
         // libdbus bindings: connection, marshalling, signals.
         .target(name: "FerryDBus", dependencies: ["CDBus"]),
         // BlueZ client over D-Bus: adapter, device, GATT.
-        .target(name: "FerryBlueZ", dependencies: ["FerryDBus", "CBluetooth"]),
+        .target(name: "FerryBlueZ", dependencies: ["FerryCore", "FerryDBus", "CBluetooth"]),
+        // BLE-agnostic sync: the session runner over any SyncTransport, its typed end, the live session loop,
+        // the scheduler, dump ingest. No BlueZ, D-Bus or HTTP: the simulator and `ferry ingest` need none.
+        .target(name: "FerrySync", dependencies: ["FerryCore", "FerryProtocol", "FerryStore"]),
         // In-process simulated Sync peripheral (tests, demo, benchmarks).
-        .target(name: "FerrySimulator", dependencies: ["FerryProtocol", "FerryGateway"]),
-        // Wiring: drives sessions against a transport and the store.
-        .target(name: "FerryGateway", dependencies: ["FerryProtocol", "FerryStore", "FerryUplink", "FerryBlueZ"]),
+        .target(name: "FerrySimulator", dependencies: ["FerryProtocol", "FerrySync"]),
+        // BlueZ- and daemon-specific wiring: BlueZ transport, daemon, config, pairing, metrics.
+        .target(name: "FerryGateway", dependencies: ["FerryCore", "FerryProtocol", "FerryStore", "FerrySync", "FerryUplink", "FerryBlueZ"]),
         // Command line: argument parsing and subcommands (library so tests can call it in-process).
-        .target(name: "FerryCLI", dependencies: ["FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"]),
+        .target(name: "FerryCLI", dependencies: ["FerryCore", "FerrySync", "FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"]),
         .executableTarget(name: "ferry", dependencies: ["FerryCLI"]),
 
+        .testTarget(name: "FerryCoreTests", dependencies: ["FerryCore"]),
         .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol"]),
         .testTarget(name: "FerryStoreTests", dependencies: ["FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerryIntegrationTests", dependencies: ["FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
+        .testTarget(name: "FerrySyncTests", dependencies: ["FerrySync", "FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ", "FerryGateway", "FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ", "FerrySync", "FerryGateway", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore"]),
     ],
     swiftLanguageModes: [.v6]

@@ -1,4 +1,6 @@
 /// Why a Device1.Connect (or the session right after it) failed, grouped by what helps.
+
+import FerryCore
 public enum ConnectFailureClass: String, Sendable, Equatable, CaseIterable {
     /// Radio-level hiccup (le-connection-abort-by-local, le-connection-timeout, "Software caused
     /// connection abort", page timeout, our own call timeout...): retry with backoff.
@@ -165,8 +167,7 @@ public struct ConnectRetryPolicy: Sendable {
     /// Exponential backoff with "equal jitter": half the step is fixed, half random. Full jitter could
     /// pick ~0 and hammer a controller that just aborted; no jitter would synchronise gateways.
     func backoff(attempt: Int, base: Duration, cap: Duration) -> Duration {
-        let exponent = min(attempt - 1, 30)
-        let step = min(cap, base * (1 << exponent))
+        let step = Backoff.ceiling(base: base, cap: cap, doublings: attempt - 1)
         let r = min(max(random(), 0), 0.999_999)
         return step / 2 + step / 2 * r
     }

@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 import FerryStore
 
@@ -16,7 +17,7 @@ struct CommandFailure: Error, CustomStringConvertible {
 }
 
 public enum FerryCommandLine {
-    public static let version = "0.1.0"
+    public static var version: String { FerryVersion.string }
 
     /// Every subcommand: its name, the line `ferry --help` shows, its own help text and its entry point.
     struct Subcommand: Sendable {
@@ -142,7 +143,7 @@ public enum FerryCommandLine {
             return readOnly ? try GatewayStore.openReadOnly(path: path) : try GatewayStore(path: path, create: create)
         } catch let error as StoreError {
             if case .needsMigration = error { throw CommandFailure(error.description) }
-            if case .sqlite(let e) = error, e.primaryCode == 14 /* SQLITE_CANTOPEN */ {
+            if case .sqlite(let e) = error, e.resultCode == .cantopen {
                 throw CommandFailure("cannot open database \(path): \(String(cString: strerror(errno)))")
             }
             throw CommandFailure("database \(path): \(error)")

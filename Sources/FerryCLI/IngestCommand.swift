@@ -1,4 +1,6 @@
+import FerryCore
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerryStore
 

@@ -1,3 +1,4 @@
+import FerryCore
 import FerryStore
 
 enum OutboxCommand {
@@ -46,7 +47,7 @@ enum OutboxCommand {
                 JSON.array(
                     events.map { e in
                         .object([
-                            ("id", .string(e.id)), ("type", .string(e.type)), ("status", .string(e.status)),
+                            ("id", .string(e.id)), ("type", .string(e.type.rawValue)), ("status", .string(e.status.rawValue)),
                             ("peripheral", .string(e.peripheral)), ("epoch", .string(e.epoch)),
                             ("first_seq", e.firstSeq.map { .string(String($0)) } ?? .null),
                             ("last_seq", e.lastSeq.map { .string(String($0)) } ?? .null),
@@ -62,7 +63,7 @@ enum OutboxCommand {
         if events.isEmpty { output.out("no outbox events" + (status.map { " with status \($0.rawValue)" } ?? "")) }
         for e in events {
             let range = e.firstSeq.map { f in "seq \(f)...\(e.lastSeq ?? f)" } ?? ""
-            var line = "\(e.id)  \(e.status)  \(e.type)  \(e.peripheral)/\(e.epoch)  \(range)"
+            var line = "\(e.id)  \(e.status.rawValue)  \(e.type.rawValue)  \(e.peripheral)/\(e.epoch)  \(range)"
             if e.frameCount > 0 { line += "  \(e.frameCount) frames" }
             if e.retryCount > 0 { line += "  retries \(e.retryCount)" }
             if let error = e.lastError { line += "  last error: \(error)" }

@@ -1,5 +1,7 @@
+import FerryCore
 import FerryBlueZ
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerryStore
 
@@ -232,7 +234,7 @@ enum PeripheralsCommand {
                                 return .object([
                                     ("address", .string(a)), ("name", row.trusted.name.map { .string($0) } ?? .null),
                                     ("address_type", .string(row.trusted.addressType)),
-                                    ("pairing_method", .string(row.trusted.pairingMethod)),
+                                    ("pairing_method", .string(row.trusted.pairingMethod.rawValue)),
                                     ("paired_at", .string(Timestamp.iso8601(millis: row.trusted.pairedAt))),
                                     ("bond", .string(bonds[a] ?? "unknown")),
                                     ("last_sync_at", row.state.map { .string(Timestamp.iso8601(millis: $0.lastSyncAt)) } ?? .null),
@@ -257,7 +259,7 @@ enum PeripheralsCommand {
         for row in rows {
             let a = row.trusted.address.string
             output.out(
-                pad(a, 18) + pad(bonds[a] ?? "unknown", 9) + pad(row.trusted.pairingMethod, 19)
+                pad(a, 18) + pad(bonds[a] ?? "unknown", 9) + pad(row.trusted.pairingMethod.rawValue, 19)
                     + pad(row.state.map { Timestamp.iso8601(millis: $0.lastSyncAt) } ?? "never", 22)
                     + pad(row.state?.lastResult ?? "-", 14) + pad(row.cursor.map { String($0.cursor) } ?? "-", 12)
                     + (backlog(row).map(String.init) ?? "-") + (row.trusted.name.map { "  \($0)" } ?? ""))

@@ -1,6 +1,7 @@
 import Dispatch
 import FerryDBus
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerryUplink
 import Foundation

@@ -1,5 +1,7 @@
+import FerryCore
 import FerryBlueZ
 import FerryGateway
+import FerrySync
 
 #if canImport(Glibc)
     import Glibc

@@ -1,4 +1,6 @@
+import FerryCore
 import FerryGateway
+import FerrySync
 import FerryStore
 import FerryUplink
 
@@ -37,7 +39,7 @@ enum StatusCommand {
         let dbPath = try args.required("--db", command: "status")
         let store = try FerryCommandLine.openStore(dbPath, create: false, readOnly: true)
         let streams: [GatewayStore.StreamStatus]
-        let counts: [String: Int]
+        let counts: [OutboxStatus: Int]
         let oldest: Int64?
         let diskBytes: Int64
         let uplink: UplinkStateRecord?
@@ -52,13 +54,15 @@ enum StatusCommand {
             throw CommandFailure("database \(dbPath): \(error)")
         }
         let age = oldest.map { max(0, Double(now - $0) / 1000) }
-        let backlog = (counts["PENDING"] ?? 0) + (counts["IN_FLIGHT"] ?? 0)
+        let backlog = (counts[.pending] ?? 0) + (counts[.inFlight] ?? 0)
         // A forwarder that stopped (or died: its lease expired) is "not running", whatever it recorded last.
         let running = uplink?.running == true
-        let state = running ? (uplink?.state ?? "online") : "not running"
+        // nil: no forwarder running.
+        let uplinkState: UplinkState? = running ? (uplink?.state ?? .online) : nil
+        let state = uplinkState?.rawValue ?? "not running"
         let since = running ? uplink?.since.map { UplinkTimestamp(millisecondsSince1970: $0).rfc3339 } : nil
-        let detail = running && state != "online" ? uplink?.detail : nil
-        let statuses = ["PENDING", "IN_FLIGHT", "COMPLETED", "FAILED"]
+        let detail = running && uplinkState != .online ? uplink?.detail : nil
+        let statuses: [OutboxStatus] = [.pending, .inFlight, .completed, .failed]
         let live = liveView(nextTo: dbPath, now: now)
         if args.flags.contains("--json") {
             output.out(
@@ -74,7 +78,7 @@ enum StatusCommand {
                                 ])
                             })
                     ),
-                    ("outbox", .object(statuses.map { ($0, .int(counts[$0] ?? 0)) })),
+                    ("outbox", .object(statuses.map { ($0.rawValue, .int(counts[$0] ?? 0)) })),
                     ("oldest_pending_age_seconds", age.map { .double(($0 * 1000).rounded() / 1000) } ?? .null),
                     ("disk_bytes", .int(Int(diskBytes))),
                     (
@@ -98,17 +102,17 @@ enum StatusCommand {
                 output.out(pad(s.peripheral, 18) + pad(s.epoch, 22) + pad(String(s.cursor), 22) + "\(s.framesStaged)\(note)")
             }
         }
-        output.out("outbox: " + statuses.map { "\($0) \(counts[$0] ?? 0)" }.joined(separator: ", "))
+        output.out("outbox: " + statuses.map { "\($0.rawValue) \(counts[$0] ?? 0)" }.joined(separator: ", "))
         if let age {
             output.out("oldest PENDING event: \(Int(age.rounded())) s old")
         }
         output.out("store: \(diskBytes) bytes on disk (with WAL)")
-        switch state {
-        case "not running":
+        switch uplinkState {
+        case nil:
             output.out("uplink: no forwarder running; backlog \(backlog) events")
-        case "offline":
+        case .offline?:
             output.out("uplink: offline since \(since ?? "?") (\(detail ?? "no answer")); backlog \(backlog) events")
-        case "paused":
+        case .paused?:
             output.out("uplink: paused for credentials since \(since ?? "?") (\(detail ?? "?")); backlog \(backlog) events")
         default:
             output.out("uplink: \(state) (forwarder pid \(uplink?.pid ?? 0)); backlog \(backlog) events")

@@ -1,6 +1,8 @@
+import FerryCore
 import FerryBlueZ
 import FerryDBus
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerryStore
 import Foundation
@@ -206,7 +208,7 @@ enum SyncCommand {
         }
         stopper.cancel()
         continuation.finish()
-        let reason = runner.summary.disconnectReason ?? "link lost"
+        let ended = (runner.summary.end ?? .linkLost).description
         let result: String
         switch runner.summary.end {
         case .disconnected(.caughtUp): result = "caught up"
@@ -224,12 +226,12 @@ enum SyncCommand {
             let bluezGone = await !client.objects.isServiceAvailable || ownerNow == nil
             if runner.summary.backpressure {
                 result = "store over its disk budget"
-            } else if let security = LinkSecurity.encryptionProblem(in: reason) {
+            } else if let security = LinkSecurity.encryptionProblem(after: runner.summary.end) {
                 result = security
             } else if bluezRestarted || bluezGone {
-                result = "\(reason): bluetoothd exited or restarted during the sync (committed frames are kept; run again)"
+                result = "\(ended): bluetoothd exited or restarted during the sync (committed frames are kept; run again)"
             } else {
-                result = reason
+                result = ended
             }
         }
         return Outcome(

@@ -1,5 +1,7 @@
+import FerryCore
 import Dispatch
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import Foundation
 

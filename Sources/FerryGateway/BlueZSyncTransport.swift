@@ -1,18 +1,7 @@
 import FerryBlueZ
 import FerryDBus
 import FerryProtocol
-
-/// What the live driver's loop reacts to, in arrival order.
-public enum LinkEvent: Sendable {
-    /// A chunk of the DATA stream (one notification / one read of the AcquireNotify socket).
-    case bytes([UInt8])
-    /// The notification stream ended: link dropped, device or bluetoothd gone.
-    case linkEnded
-    /// A timer armed for the session's next deadline went off.
-    case tick
-    /// Stop requested (SIGTERM, --timeout): commit and acknowledge what is staged, then disconnect.
-    case stop
-}
+import FerrySync
 
 /// The Sync service of one connected peripheral, over BlueZ. Notifications are pushed into the driver's
 /// event stream so bytes, link loss, timers and stop requests reach the session in one order.
@@ -91,54 +80,5 @@ public final class BlueZSyncTransport: SyncTransport {
         } catch {
             log.log(.info, "disconnect \(device.path): \(error)")
         }
-    }
-}
-
-/// Runs a session over a live link: one loop consumes `LinkEvent`s and hands them to the runner, arming a
-/// timer for the runner's next deadline. Returns when the runner has finished.
-public enum LiveSessionDriver {
-    public static func run(
-        runner: SyncSessionRunner, events: AsyncStream<LinkEvent>, continuation: AsyncStream<LinkEvent>.Continuation,
-        clock: any MonotonicClock = SystemMonotonicClock(),
-        afterEvent: (SyncSessionRunner) -> Void = { _ in }  // a progress display; runs in this task, between events
-    ) async {
-        await runner.start()
-        // The session can end during start (STREAM_INFO unreadable, subscribe refused): then no event will
-        // ever come, and waiting for one would hang the caller.
-        if runner.finished { return }
-        var timer: Task<Void, Never>?
-        var armedFor: Double?
-        func rearm() {
-            guard let deadline = runner.nextDeadline else {
-                timer?.cancel()
-                timer = nil
-                armedFor = nil
-                return
-            }
-            if armedFor == deadline { return }
-            timer?.cancel()
-            armedFor = deadline
-            let delay = max(0, deadline - clock.now())
-            timer = Task {
-                try? await Task.sleep(nanoseconds: UInt64(delay * 1e9) + 1_000_000)
-                if !Task.isCancelled { continuation.yield(.tick) }
-            }
-        }
-        rearm()
-        for await event in events {
-            if runner.finished { break }
-            switch event {
-            case .bytes(let chunk): await runner.receive(chunk)
-            case .linkEnded: await runner.linkLost()
-            case .tick:
-                armedFor = nil
-                await runner.timerFired()
-            case .stop: await runner.stop()
-            }
-            afterEvent(runner)
-            if runner.finished { break }
-            rearm()
-        }
-        timer?.cancel()
     }
 }

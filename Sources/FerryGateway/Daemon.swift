@@ -4,6 +4,7 @@ import FerryProtocol
 import FerryStore
 import FerryUplink
 import Foundation
+import FerrySync
 
 /// The long-running gateway (`ferry run`): keeps the allowed peripherals synced through a few connection
 /// slots, and forwards the outbox alongside.
@@ -32,6 +33,8 @@ public actor GatewayDaemon {
     private var liveViewFailedAt: Double?
     private var scheduler: SyncScheduler
     private var sessions: [PeripheralAddress: ActiveSession] = [:]
+    /// Shutdown's waiters, resumed when the last session has finished (or at the grace deadline).
+    private var drainWaiters: [CheckedContinuation<Void, Never>] = []
     private var stopping = false
     /// Peripherals paired with `ferry pair` (the store's trusted_peripherals), re-read every few seconds so a
     /// pairing done while the daemon runs is picked up without a reload.
@@ -43,7 +46,7 @@ public actor GatewayDaemon {
     private let storageSignals = StorageSignals()
     private var effectiveDiskBudget: Int64?
     /// Why a candidate is not being synced (not bonded...), so each refusal is logged once, not every loop.
-    private var refusals: [PeripheralAddress: String] = [:]
+    private var refusals: [PeripheralAddress: BondRefusal] = [:]
     /// Totals since start, for the exit summary.
     public private(set) var totals = Totals()
 
@@ -107,7 +110,7 @@ public actor GatewayDaemon {
                 + (new.allowAnySyncPeripheral ? ", lab mode (any Sync peripheral)" : "")
                 + (new.requireBond ? ", bonded only" : ", unbonded allowed (lab)"))
         for (address, session) in sessions where configuration.policy(for: address, trusted: trusted) == nil {
-            log.log(.notice, "\(address): no longer allowed, stopping its session")
+            log(for: address).log(.notice, "no longer allowed, stopping its session")
             session.control?.yield(.stop)
         }
     }
@@ -160,13 +163,7 @@ public actor GatewayDaemon {
 
     private func shutdown(forwarder: Task<Void, Never>?) async {
         beginStop()
-        let deadline = clock.now() + configuration.shutdownGraceSeconds
-        while !sessions.isEmpty && clock.now() < deadline {
-            // This runs in the cancelled task (SIGTERM cancels `run`), where Task.sleep returns at once: it
-            // busy-spun a core until the sessions ended. An unstructured task does not inherit the
-            // cancellation, so this really waits.
-            await Task { try? await Task.sleep(nanoseconds: 50_000_000) }.value
-        }
+        await waitForSessionsToFinish(within: configuration.shutdownGraceSeconds)
         if !sessions.isEmpty {
             log.log(
                 .warning,
@@ -252,7 +249,7 @@ public actor GatewayDaemon {
                             continue
                         }
                         if refusals.removeValue(forKey: address) != nil {
-                            log.log(.notice, "\(address): bonded now; syncing it")
+                            log(for: address).log(.notice, "bonded now; syncing it")
                         }
                         start(policy, client: client, adapter: adapter)
                     }
@@ -344,7 +341,7 @@ public actor GatewayDaemon {
                 guard uuids.contains(where: { $0.lowercased() == SyncProfile.serviceUUID }),
                     let text = device.properties["Address"]?.string, let address = PeripheralAddress(text)
                 else { continue }
-                if scheduler.peripherals[address] == nil { log.log(.info, "\(address): discovered (lab mode)") }
+                if scheduler.peripherals[address] == nil { log(for: address).log(.info, "discovered (lab mode)") }
                 candidates.insert(address)
             }
         }
@@ -361,10 +358,10 @@ public actor GatewayDaemon {
         do {
             let fresh = Set(try registry.trustedPeripherals().map(\.address))
             for address in fresh.subtracting(trusted) where !force {
-                log.log(.notice, "\(address): paired (trusted peripherals); will sync it")
+                log(for: address).log(.notice, "paired (trusted peripherals); will sync it")
             }
             for address in trusted.subtracting(fresh) {
-                log.log(.notice, "\(address): unpaired (removed from trusted peripherals)")
+                log(for: address).log(.notice, "unpaired (removed from trusted peripherals)")
                 if configuration.policy(for: address, trusted: fresh) == nil { sessions[address]?.control?.yield(.stop) }
             }
             trusted = fresh
@@ -377,31 +374,26 @@ public actor GatewayDaemon {
     /// clear-link access to a Sync characteristic that needs encryption makes bluetoothd pair by itself (Just
     /// Works bonds silently), so the gateway, not BlueZ, has to say no. Bonded devices are loaded by
     /// bluetoothd at start, so the check needs no radio.
-    private func bondRefusal(_ address: PeripheralAddress, client: BlueZClient, adapter: BlueZAdapter) async -> String? {
+    private func bondRefusal(_ address: PeripheralAddress, client: BlueZClient, adapter: BlueZAdapter) async -> BondRefusal? {
         guard configuration.requireBond else { return nil }
         let device = await client.knownDevice(address: address.string, on: adapter)
         if let device, await device.isBonded() { return nil }
         return bondMissing(address)
     }
 
-    /// The refusal text for a peripheral BlueZ holds no key for (before connecting, or found after connecting).
-    private func bondMissing(_ address: PeripheralAddress) -> String {
-        if trusted.contains(address) {
-            return "bond lost: paired with this gateway, but BlueZ holds no key for it any more; not syncing it "
-                + "(require_bond). Re-pair explicitly: ferry unpair \(address), clear the bond on the peripheral, "
-                + "ferry pair --address \(address)"
-        }
-        return "not bonded with this gateway: not syncing it (require_bond is on; pair it with "
-            + "`ferry pair --address \(address)`, or set require_bond false in a lab)"
+    /// Why a peripheral BlueZ holds no key for is refused (before connecting, or found after connecting).
+    private func bondMissing(_ address: PeripheralAddress) -> BondRefusal {
+        trusted.contains(address) ? .bondLost(address) : .notBonded(address)
     }
 
-    private func refuse(_ address: PeripheralAddress, _ why: String) {
+    /// The daemon's log with `address` in its metadata (lines read "ADDRESS: message").
+    private func log(for address: PeripheralAddress) -> Logger { Logger(sink: log).with(peripheral: address.string) }
+
+    private func refuse(_ address: PeripheralAddress, _ why: BondRefusal) {
         guard refusals[address] != why else { return }
         refusals[address] = why
-        log.log(.warning, "\(address): \(why)")
-        try? registry?.recordSessionEnd(
-            peripheral: address, result: why.hasPrefix("bond lost") ? "refused: bond lost" : "refused: not bonded",
-            epoch: nil, head: nil)
+        log(for: address).log(.warning, "\(why)")
+        try? registry?.recordSessionEnd(peripheral: address, result: why.result, epoch: nil, head: nil)
     }
 
     /// The daemon's Agent1: refuses every request. Pairing is an explicit operator action (`ferry pair`); an
@@ -442,7 +434,7 @@ public actor GatewayDaemon {
         let log = self.log
         let clock = self.clock
         let task = Task {
-            let result = await SessionWorker(settings: settings, client: client, adapter: adapter, log: log, clock: clock)
+            let result = await SessionWorker(settings: settings, client: client, adapter: adapter, sink: log, clock: clock)
                 .run(register: { continuation in await self.attach(policy.address, continuation) })
             self.finished(policy.address, result)
         }
@@ -475,8 +467,28 @@ public actor GatewayDaemon {
         return !stopping && configuration.policy(for: address, trusted: trusted) != nil
     }
 
+    /// Returns when every session has finished, or after `seconds`. Woken by `finished`, not by polling.
+    private func waitForSessionsToFinish(within seconds: Double) async {
+        guard !sessions.isEmpty else { return }
+        // The deadline's timer is an unstructured task: this runs in the cancelled task (SIGTERM cancels
+        // `run`), where a sleep of its own would return at once.
+        let deadline = Task { [weak self] in
+            try? await Task.sleep(for: .seconds(max(0, seconds)))
+            await self?.resumeDrainWaiters()
+        }
+        await withCheckedContinuation { drainWaiters.append($0) }
+        deadline.cancel()
+    }
+
+    private func resumeDrainWaiters() {
+        let waiting = drainWaiters
+        drainWaiters = []
+        for waiter in waiting { waiter.resume() }
+    }
+
     private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
         sessions[address] = nil
+        if sessions.isEmpty { resumeDrainWaiters() }
         metrics?.sessionEnded(result)
         metrics?.slotsInUse(sessions.count)
         scheduler.finished(address, outcome: result.outcome, now: clock.now())
@@ -497,9 +509,9 @@ public actor GatewayDaemon {
         }
         if case .failed = result.outcome, let state = scheduler.peripherals[address] {
             let wait = max(0, state.notBefore - clock.now())
-            log.log(
+            log(for: address).log(
                 .info,
-                "\(address): backing off \(String(format: "%.1f", wait)) s after \(state.consecutiveFailures) "
+                "backing off \(String(format: "%.1f", wait)) s after \(state.consecutiveFailures) "
                     + "consecutive failures")
         }
     }
@@ -608,15 +620,17 @@ struct SessionWorker: Sendable {
     let settings: SessionSettings
     let client: BlueZClient
     let adapter: BlueZAdapter
-    let log: any LogSink
+    /// The daemon's sink; `log` adds the peripheral to every line.
+    let sink: any LogSink
     let clock: any MonotonicClock
 
     var address: PeripheralAddress { settings.policy.address }
+    var log: Logger { Logger(sink: sink).with(peripheral: address.string) }
 
     func run(register: @Sendable (AsyncStream<LinkEvent>.Continuation) async -> Bool) async -> SessionResult {
         let started = clock.now()
-        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) { [log] in
-            log.log(.debug, $0)
+        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) { [sink] in
+            sink.log(.debug, $0)
         }
         connector.waitTimeout = .seconds(15)
         // The daemon's own scheduler backs off between sessions; inside one attempt keep retries short so a
@@ -629,7 +643,7 @@ struct SessionWorker: Sendable {
             device = try await connector.connect(
                 policy: &retry, connectTimeout: .milliseconds(Int64(settings.connectTimeout * 1000)))
         } catch {
-            if !Task.isCancelled { log.log(.warning, "\(address): connect failed: \(error)") }
+            if !Task.isCancelled { log.log(.warning, "connect failed: \(error)") }
             return SessionResult(outcome: Task.isCancelled ? .interrupted(backlog: nil) : .failed)
         }
         // The bond checked before connecting may be gone now (removed by someone, or a different device
@@ -643,9 +657,9 @@ struct SessionWorker: Sendable {
                 timeout: .seconds(20))
         } catch {
             if let missing = error as? ServiceMissing {
-                log.log(.warning, "\(address): not a Sync peripheral (\(missing))")
+                log.log(.warning, "not a Sync peripheral (\(missing))")
             } else {
-                log.log(.warning, "\(address): services did not resolve: \(error)")
+                log.log(.warning, "services did not resolve: \(error)")
             }
             try? await device.disconnect()
             return SessionResult(outcome: .failed)
@@ -658,9 +672,9 @@ struct SessionWorker: Sendable {
         do {
             store = try GatewayStore(path: settings.databasePath)
             transport = try await BlueZSyncTransport(
-                device: device, service: service, events: continuation, preferredNotify: .acquireNotify, log: log)
+                device: device, service: service, events: continuation, preferredNotify: .acquireNotify, log: sink)
         } catch {
-            log.log(.error, "\(address): cannot start a session: \(error)")
+            log.log(.error, "cannot start a session: \(error)")
             try? await device.disconnect()
             return SessionResult(outcome: .failed)
         }
@@ -673,11 +687,11 @@ struct SessionWorker: Sendable {
         configuration.stayConnected = settings.policy.stayConnected
         let runner = SyncSessionRunner(
             peripheral: address, store: store, transport: transport, configuration: configuration, clock: clock,
-            log: log, diskBudgetBytes: settings.diskBudgetBytes)
+            log: sink, diskBudgetBytes: settings.diskBudgetBytes)
         runner.metrics = settings.metrics
         log.log(
             .info,
-            "\(address): connected in \(String(format: "%.2f", connectSeconds)) s"
+            "connected in \(String(format: "%.2f", connectSeconds)) s"
                 + (settings.policy.stayConnected ? " (stays connected for live events)" : ""))
         let sessionStart = clock.now()
         await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation, clock: clock)
@@ -686,21 +700,14 @@ struct SessionWorker: Sendable {
         let s = runner.summary
         let head = runner.machine.knownHead
         let backlog = head.map { $0 > s.cursor ? $0 - s.cursor : 0 }
-        let outcome: SyncScheduler.Outcome
-        switch s.end {
-        case .disconnected(.caughtUp): outcome = .caughtUp
-        // Ended to share the slot, not for a fault of the peripheral: back soon, by backlog priority.
-        case .disconnected(.shutdown), .disconnected(.maxDurationReached): outcome = .interrupted(backlog: backlog)
-        case _ where s.backpressure: outcome = .interrupted(backlog: backlog)
-        default: outcome = .failed
-        }
+        let outcome = SyncScheduler.Outcome(s, backlog: backlog)
         let rate = seconds > 0 ? Double(s.framesStored) / seconds : 0
-        if let reason = s.disconnectReason, let security = LinkSecurity.encryptionProblem(in: reason) {
-            log.log(.warning, "\(address): \(security)")
+        if let security = LinkSecurity.encryptionProblem(after: s.end) {
+            log.log(.warning, "\(security)")
         }
         log.log(
             outcome == .failed ? .warning : .notice,
-            "\(address): sync \(s.disconnectReason ?? "link lost"): \(s.framesStored) frames stored in "
+            "sync \(s.end ?? .linkLost): \(s.framesStored) frames stored in "
                 + String(format: "%.2f s (%.0f frames/s)", seconds, rate) + ", epoch \(s.epoch) cursor \(s.cursor)"
                 + (head.map { " head \($0)" } ?? "") + ", \(s.duplicates) duplicates, \(s.gapsRecorded) gaps, "
                 + "\(s.regressions) regressions, \(s.corrupt) corrupt"
@@ -713,7 +720,7 @@ struct SessionWorker: Sendable {
     /// returns the refused session's result (reported by the daemon).
     private func refuseUnbonded(_ device: BlueZDevice) async -> SessionResult? {
         guard settings.requireBond, !(await device.isBonded()) else { return nil }
-        log.log(.warning, "\(address): connected, but BlueZ holds no bond for it: disconnecting before any GATT access")
+        log.log(.warning, "connected, but BlueZ holds no bond for it: disconnecting before any GATT access")
         try? await device.disconnect()
         return SessionResult(outcome: .failed, bondMissingAfterConnect: true)
     }
@@ -747,4 +754,32 @@ public enum StateDirectory {
     }
 
     private static func errnoText() -> String { String(cString: strerror(errno)) }
+}
+
+/// Why the daemon does not sync a peripheral under require_bond. Logged once per change (`description`) and
+/// recorded as its `peripheral_sync_state.last_result`.
+enum BondRefusal: Equatable, CustomStringConvertible {
+    /// Paired with this gateway (trusted), but BlueZ holds no key for it any more.
+    case bondLost(PeripheralAddress)
+    /// Never paired with this gateway.
+    case notBonded(PeripheralAddress)
+
+    var result: SyncResult {
+        switch self {
+        case .bondLost: .refusedBondLost
+        case .notBonded: .refusedNotBonded
+        }
+    }
+
+    var description: String {
+        switch self {
+        case .bondLost(let address):
+            "bond lost: paired with this gateway, but BlueZ holds no key for it any more; not syncing it "
+                + "(require_bond). Re-pair explicitly: ferry unpair \(address), clear the bond on the peripheral, "
+                + "ferry pair --address \(address)"
+        case .notBonded(let address):
+            "not bonded with this gateway: not syncing it (require_bond is on; pair it with "
+                + "`ferry pair --address \(address)`, or set require_bond false in a lab)"
+        }
+    }
 }

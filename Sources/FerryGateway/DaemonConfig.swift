@@ -1,5 +1,6 @@
 import FerryProtocol
 import Foundation
+import FerrySync
 
 /// A config file problem: names the key and what is wrong, in one line (the CLI exits 2 with it).
 public struct ConfigError: Error, CustomStringConvertible, Sendable, Equatable {

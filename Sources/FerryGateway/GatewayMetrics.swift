@@ -1,7 +1,9 @@
+import FerryCore
 import FerryDBus
 import FerryProtocol
 import FerryStore
 import Foundation
+import FerrySync
 
 /// Ferry's metric names and what they mean (docs: Hardware/TROUBLESHOOTING.md, "Reading the metrics").
 public enum FerryMetric {
@@ -157,11 +159,30 @@ public struct LiveView: Codable, Sendable, Equatable {
         case slotsInUse = "slots_in_use"
         case maxConnections = "max_connections"
     }
+
+    /// The file's JSON, written through FerryCore's one writer: keys sorted, as the file always had them, and
+    /// `adapter` left out when nil. Read back with JSONDecoder (`LiveViewFile.readFresh`).
+    public var json: JSON {
+        var pairs: [(String, JSON)] = []
+        if let adapter { pairs.append(("adapter", .string(adapter))) }
+        pairs += [
+            ("max_connections", .int(maxConnections)), ("pid", .int(Int(pid))),
+            (
+                "sessions",
+                .array(
+                    sessions.map {
+                        .object([("peripheral", .string($0.peripheral)), ("phase", .string($0.phase)), ("seconds", .double($0.seconds))])
+                    })
+            ),
+            ("slots_in_use", .int(slotsInUse)), ("updated_at", .int(Int(updatedAt))),
+        ]
+        return .object(pairs)
+    }
 }
 
 /// The metrics the daemon keeps in memory, shared by its tasks (they record) and the HTTP threads (they
 /// render): a `MetricsRegistry` behind a lock. Updated where the daemon already records its totals.
-public final class GatewayMetrics: Sendable {
+public final class GatewayMetrics: SessionMetrics {
     private let registry: LockedValue<MetricsRegistry>
 
     public init(maxConnections: Int) {
@@ -184,12 +205,12 @@ public final class GatewayMetrics: Sendable {
     }
 
     /// Frames a session just committed (SyncSessionRunner, per commit).
-    func stored(frames: Int) {
+    public func stored(frames: Int) {
         registry.withLock { $0.add(FerryMetric.framesStored, Double(frames)) }
     }
 
     /// Bytes a session just received on DATA (SyncSessionRunner, per notification).
-    func received(bytes: Int) {
+    public func received(bytes: Int) {
         registry.withLock { $0.add(FerryMetric.bytesReceived, Double(bytes)) }
     }
 
@@ -216,7 +237,7 @@ public struct StoreReadings: Sendable, Equatable {
         public var lastSyncAgeSeconds: Double?
     }
 
-    public var outbox: [String: Int] = [:]
+    public var outbox: [OutboxStatus: Int] = [:]
     public var oldestPendingAgeSeconds: Double?
     /// online | offline | paused | not running (as `ferry status` says it).
     public var uplinkState = "not running"
@@ -233,7 +254,7 @@ public struct StoreReadings: Sendable, Equatable {
         r.outbox = try store.outboxCounts()
         r.oldestPendingAgeSeconds = try store.oldestPendingCreatedAt().map { max(0, Double(now - $0) / 1000) }
         let uplink = try store.uplinkState(now: now)
-        r.uplinkState = uplink?.running == true ? (uplink?.state ?? "online") : "not running"
+        r.uplinkState = uplink?.running == true ? (uplink?.state.rawValue ?? "online") : "not running"
         r.diskBytes = try store.diskBytes()
         var seen = Set<String>()
         for stream in try store.streams() where stream.active && seen.count < FerryMetric.maxPeripheralSeries {
@@ -254,7 +275,10 @@ public struct StoreReadings: Sendable, Equatable {
     /// Sets the store's gauges in `registry` (a scrape's copy).
     public func apply(to registry: inout MetricsRegistry) {
         registry.set(FerryMetric.storeReadable, 1)
-        for (status, label) in [("PENDING", "pending"), ("IN_FLIGHT", "in_flight"), ("FAILED", "failed"), ("COMPLETED", "completed")] {
+        let labels: [(OutboxStatus, String)] = [
+            (.pending, "pending"), (.inFlight, "in_flight"), (.failed, "failed"), (.completed, "completed"),
+        ]
+        for (status, label) in labels {
             registry.set(FerryMetric.outbox, Double(outbox[status] ?? 0), labels: MetricsRegistry.Labels(["status": label]))
         }
         registry.set(FerryMetric.oldestPending, oldestPendingAgeSeconds ?? 0)
@@ -311,9 +335,7 @@ public struct LiveViewFile: Sendable {
     }
 
     public func write(_ view: LiveView) throws {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.sortedKeys]
-        let data = try encoder.encode(view)
+        let data = Data(view.json.text.utf8)
         let temporary = path + ".tmp"
         try data.write(to: URL(fileURLWithPath: temporary))
         guard rename(temporary, path) == 0 else {

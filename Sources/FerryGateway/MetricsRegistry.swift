@@ -1,3 +1,5 @@
+import FerrySync
+
 /// Counters, gauges and histograms with a renderer for the Prometheus text exposition format (version 0.0.4).
 /// Pure: a value the daemon mutates under a lock (`GatewayMetrics`) and the scrape copies and renders. Families
 /// render in declaration order and samples sorted by their labels, so the output is deterministic and tests

@@ -1,6 +1,7 @@
 import FerryDBus
 import FerryStore
 import Foundation
+import FerrySync
 
 #if canImport(Glibc)
     import Glibc

@@ -2,18 +2,7 @@ import FerryBlueZ
 import FerryDBus
 import FerryProtocol
 import FerryStore
-
-/// How a pairing was authenticated, as recorded in `trusted_peripherals.pairing_method`.
-public enum PairingMethod: String, Sendable {
-    /// No MITM protection: anyone in radio range during pairing could have sat in the middle.
-    case justWorks = "just-works"
-    /// The peripheral displayed a passkey, the operator gave it to Ferry.
-    case passkey = "passkey"
-    /// Both sides showed a number; Ferry accepted it because it matched the operator's.
-    case numericComparison = "numeric-comparison"
-    /// BlueZ already held a bond for it (made earlier, maybe by another tool).
-    case existingBond = "existing-bond"
-}
+import FerrySync
 
 /// A failed `ferry pair`, with the operator's next step in the message.
 public struct PairingError: Error, CustomStringConvertible, Sendable {
@@ -89,11 +78,11 @@ public struct PeripheralPairing: Sendable {
             requests.withLock { $0.append(request) }
             switch request {
             case .displayPasskey(_, let shown):
-                log.log(.notice, "\(address): enter passkey \(shown) on the peripheral")
+                Logger(sink: log).with(peripheral: address.string).log(.notice, "enter passkey \(shown) on the peripheral")
             case .confirmationRequested(_, let shown):
-                log.log(.info, "\(address): numeric comparison, the peripheral shows \(BlueZAgent.formatPasskey(shown))")
+                Logger(sink: log).with(peripheral: address.string).log(.info, "numeric comparison, the peripheral shows \(BlueZAgent.formatPasskey(shown))")
             case .passkeyRequested:
-                log.log(.info, "\(address): the peripheral asks for its passkey")
+                Logger(sink: log).with(peripheral: address.string).log(.info, "the peripheral asks for its passkey")
             default: break
             }
         }
@@ -110,7 +99,7 @@ public struct PeripheralPairing: Sendable {
         var method = PairingMethod.existingBond
         do {
             if await device.isBonded() {
-                log.log(.info, "\(address): BlueZ already holds a bond; verifying it (to pair anew: ferry unpair first)")
+                Logger(sink: log).with(peripheral: address.string).log(.info, "BlueZ already holds a bond; verifying it (to pair anew: ferry unpair first)")
             } else {
                 progress(.pairing)
                 try await pairAndWaitForBond(device)
@@ -139,7 +128,7 @@ public struct PeripheralPairing: Sendable {
         try store.trust(
             TrustedPeripheral(
                 address: identity, addressType: addressType == "random" ? "random" : "public", name: name,
-                pairingMethod: method.rawValue, pairedAt: SystemWallClock().nowMillis()))
+                pairingMethod: method, pairedAt: SystemWallClock().nowMillis()))
         let elapsed = ContinuousClock.now - started
         return Result(
             address: identity, addressType: addressType, name: name, method: method, bonded: bonded,
@@ -282,7 +271,14 @@ public enum LinkSecurity {
     /// 0x0f insufficient encryption.
     static let securityATTErrors = ["0x05", "0x08", "0x0c", "0x0e", "0x0f"]
 
-    /// A clear sentence if `text` (an error or a session's end reason) shows a security refusal, else nil.
+    /// A clear sentence if a session ended on a security refusal, else nil. Only ends that carry BlueZ's
+    /// error text can be one; the sentence quotes the end as logged.
+    public static func encryptionProblem(after end: SessionEnd?) -> String? {
+        guard let end, let detail = end.errorText, encryptionProblem(in: detail) != nil else { return nil }
+        return encryptionProblem(in: end.description)
+    }
+
+    /// A clear sentence if `text` (a BlueZ error) shows a security refusal, else nil.
     public static func encryptionProblem(in text: String) -> String? {
         let lowered = text.lowercased()
         let attRefusal = securityATTErrors.contains { lowered.contains("att error: \($0)") }

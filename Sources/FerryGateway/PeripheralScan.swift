@@ -1,5 +1,6 @@
 import FerryBlueZ
 import FerryDBus
+import FerrySync
 
 /// A Sync peripheral seen advertising during a scan (`ferry scan`).
 public struct ScannedPeripheral: Sendable, Equatable {

@@ -2,6 +2,7 @@ import FerryDBus
 import FerryProtocol
 import FerryStore
 import Foundation
+import FerrySync
 
 /// Whether the daemon may start sessions, given the store's space (issue 12: disk pressure that converges).
 /// Pure: the storage watch tells it what it measured, and asks it when to measure next.

@@ -1,6 +1,7 @@
 import FerryDBus
 import FerryProtocol
 import Foundation
+import FerrySync
 
 #if canImport(Glibc)
     import Glibc

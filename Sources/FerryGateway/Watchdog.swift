@@ -1,4 +1,5 @@
 import FerryDBus
+import FerrySync
 
 /// Decides whether the daemon is making progress, for systemd's watchdog. Pure: each part reports a heartbeat
 /// with a `now` from the monotonic clock, and `verdict(now:)` says who, if anyone, is stale. The sender

@@ -56,6 +56,21 @@ public struct SyncSession: Sendable {
         case noProgress
         /// A sync-and-release session reached `maxSessionDuration`; what is committed was acknowledged.
         case maxDurationReached
+
+        /// The reason without its detail ("streamInfoUnreadable"): what `peripheral_sync_state.last_result`
+        /// holds. Spelled out per case so a renamed case cannot silently change a stored value.
+        public var kind: String {
+            switch self {
+            case .caughtUp: "caughtUp"
+            case .noResponse: "noResponse"
+            case .epochChanged: "epochChanged"
+            case .streamInfoUnreadable: "streamInfoUnreadable"
+            case .storeFailed: "storeFailed"
+            case .shutdown: "shutdown"
+            case .noProgress: "noProgress"
+            case .maxDurationReached: "maxDurationReached"
+            }
+        }
     }
 
     /// The state machine's counters, for summaries and logs.
@@ -705,4 +720,14 @@ public enum SyncAction: Sendable, Equatable {
     /// Informational: everything the peripheral had is committed and acknowledged.
     case caughtUp(cursor: UInt64)
     case disconnect(SyncSession.DisconnectReason)
+}
+
+extension SyncSession.DisconnectReason: CustomStringConvertible {
+    /// Log text: the kind, with the detail quoted (`streamInfoUnreadable("...")`), as log readers know it.
+    public var description: String {
+        switch self {
+        case .streamInfoUnreadable(let detail): "\(kind)(\(String(reflecting: detail)))"
+        default: kind
+        }
+    }
 }

@@ -1,4 +1,4 @@
-import FerryGateway
+import FerrySync
 import Synchronization
 
 /// A monotonic clock that only moves when told to: the session driver advances it to the runner's next

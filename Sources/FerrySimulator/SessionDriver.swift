@@ -1,4 +1,4 @@
-import FerryGateway
+import FerrySync
 
 /// Runs one whole session of a `SyncSessionRunner` against a `SimulatedTransport`, deterministically.
 ///
@@ -124,7 +124,7 @@ extension SessionDriver {
             let outcome = await run(runner: runner, transport: transport, clock: clock, limits: limits)
             results.append(SessionResult(outcome: outcome, summary: runner.summary))
             if outcome.ending == .stepCapReached || outcome.ending == .hung { break }
-            if runner.summary.disconnectReason == "caughtUp" && runner.summary.cursor == peripheral.head { break }
+            if runner.summary.end == .disconnected(.caughtUp) && runner.summary.cursor == peripheral.head { break }
             clock.advance(by: backoff)
         }
         return results

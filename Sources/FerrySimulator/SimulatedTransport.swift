@@ -1,4 +1,4 @@
-import FerryGateway
+import FerrySync
 import FerryProtocol
 
 /// One central's link to a `SimulatedPeripheral`, as a `SyncTransport` for `SyncSessionRunner`.

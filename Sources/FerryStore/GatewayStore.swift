@@ -69,9 +69,9 @@ public final class GatewayStore {
             if version == 0 { try db.execute("PRAGMA auto_vacuum = INCREMENTAL") }
             try GatewayStore.retryingWhileBusy { try db.execute(GatewayStore.pragmas) }
             try GatewayStore.migrate(db, path: path)
-        } catch let e as SQLiteError where e.primaryCode == SQLITE_CORRUPT {
+        } catch let e as SQLiteError where e.resultCode == .corrupt {
             throw StoreError.damaged(path: path, problems: [e.message])
-        } catch let e as SQLiteError where e.primaryCode == SQLITE_NOTADB {
+        } catch let e as SQLiteError where e.resultCode == .notadb {
             throw StoreError.notADatabase(path: path, detail: e.message)
         } catch let e as SQLiteError {
             throw StoreError.sqlite(e)
@@ -112,7 +112,7 @@ public final class GatewayStore {
             if version < Schema.latestVersion {
                 throw StoreError.needsMigration(path: path, found: version, supported: Schema.latestVersion)
             }
-        } catch let e as SQLiteError where e.primaryCode == SQLITE_NOTADB || e.primaryCode == SQLITE_CORRUPT {
+        } catch let e as SQLiteError where e.resultCode == .notadb || e.resultCode == .corrupt {
             throw StoreError.notADatabase(path: path, detail: e.message)
         } catch let e as SQLiteError {
             throw StoreError.sqlite(e)
@@ -160,7 +160,7 @@ public final class GatewayStore {
     public func quickCheck(maxProblems: Int = 10) throws -> [String] {
         do {
             return try quickCheckRows(maxProblems: maxProblems)
-        } catch StoreError.sqlite(let e) where e.primaryCode == SQLITE_CORRUPT || e.primaryCode == SQLITE_NOTADB {
+        } catch StoreError.sqlite(let e) where e.resultCode == .corrupt || e.resultCode == .notadb {
             return [e.message]  // damage bad enough to stop the check itself
         }
     }
@@ -275,19 +275,18 @@ public final class GatewayStore {
                 let peripheral = key.peripheral.string
                 let epoch = String(key.epoch)
                 if let gap {
-                    let payload =
-                        #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","first_seq":"\#(gap.lowerBound)","#
-                        + #""last_seq":"\#(gap.upperBound)","detected_at":"\#(Timestamp.iso8601(millis: now))"}"#
                     try insertOutboxEvent(
-                        type: "GAP", payload: payload, key: key, first: gap.lowerBound, last: gap.upperBound,
-                        frameCount: 0, now: now)
+                        .gap(
+                            peripheral: peripheral, epoch: epoch, firstSeq: gap.lowerBound, lastSeq: gap.upperBound,
+                            detectedAt: Timestamp.iso8601(millis: now)),
+                        key: key, first: gap.lowerBound, last: gap.upperBound, frameCount: 0, now: now)
                 }
                 if let first = fresh.first, let last = fresh.last {
-                    let payload =
-                        #"{"peripheral":"\#(peripheral)","epoch":"\#(epoch)","first_seq":"\#(first.seq)","#
-                        + #""last_seq":"\#(last.seq)","count":\#(fresh.count)}"#
                     let eventID = try insertOutboxEvent(
-                        type: "FRAMES", payload: payload, key: key, first: first.seq, last: last.seq,
+                        .frames(
+                            peripheral: peripheral, epoch: epoch, firstSeq: first.seq, lastSeq: last.seq,
+                            count: fresh.count),
+                        key: key, first: first.seq, last: last.seq,
                         frameCount: fresh.count, payloadBytes: fresh.reduce(0) { $0 + $1.payload.count }, now: now)
                     let insert = try database.cached(
                         """
@@ -313,7 +312,7 @@ public final class GatewayStore {
 
     @discardableResult
     private func insertOutboxEvent(
-        type: String, payload: String, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int,
+        _ payload: OutboxPayload, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int,
         payloadBytes: Int = 0, now: Int64
     ) throws -> String {
         let id = UUID().uuidString.lowercased()
@@ -324,7 +323,7 @@ public final class GatewayStore {
             VALUES (?, ?, ?, 'PENDING', 0, ?, ?, ?, ?, ?, ?, ?, ?)
             """
         ).run([
-            .text(id), .text(type), .text(payload), .integer(now), .integer(now), .text(key.peripheral.string),
+            .text(id), .text(payload.type.rawValue), .text(payload.json), .integer(now), .integer(now), .text(key.peripheral.string),
             .text(String(key.epoch)), first.map { .integer(Int64(bitPattern: $0)) } ?? .null,
             last.map { .integer(Int64(bitPattern: $0)) } ?? .null, .integer(Int64(frameCount)),
             .integer(Int64(payloadBytes)),
@@ -347,12 +346,11 @@ public final class GatewayStore {
                     newEpoch = UInt64.random(in: 1...UInt64.max)
                 } while try storedCursor(StreamKey(peripheral: stream.key.peripheral, epoch: newEpoch)) != nil
                 let peripheral = stream.key.peripheral.string
-                let payload =
-                    #"{"peripheral":"\#(peripheral)","epoch":"\#(stream.key.epoch)","cursor":"\#(cursor)","#
-                    + #""head":"\#(head)","new_epoch":"\#(newEpoch)","detected_at":"\#(Timestamp.iso8601(millis: now))"}"#
                 try insertOutboxEvent(
-                    type: "REGRESSION", payload: payload, key: stream.key, first: nil, last: nil, frameCount: 0,
-                    now: now)
+                    .regression(
+                        peripheral: peripheral, epoch: String(stream.key.epoch), cursor: cursor, head: head,
+                        newEpoch: newEpoch, detectedAt: Timestamp.iso8601(millis: now)),
+                    key: stream.key, first: nil, last: nil, frameCount: 0, now: now)
                 try database.cached(
                     "UPDATE stream_cursors SET active = 0, updated_at = ? WHERE peripheral = ? AND epoch = ?"
                 ).run([.integer(now), .text(peripheral), .text(String(stream.key.epoch))])
@@ -405,11 +403,15 @@ public final class GatewayStore {
     }
 
     /// Outbox event counts by status (every status present, zero if none).
-    public func outboxCounts() throws -> [String: Int] {
+    public func outboxCounts() throws -> [OutboxStatus: Int] {
         try store {
-            var counts = ["PENDING": 0, "IN_FLIGHT": 0, "COMPLETED": 0, "FAILED": 0]
+            var counts = Dictionary(uniqueKeysWithValues: OutboxStatus.allCases.map { ($0, 0) })
             try database.cached("SELECT status, count(*) FROM outbox_events GROUP BY status").forEach { row in
-                counts[row.text(0)] = Int(row.int64(1))
+                let text = row.text(0)
+                guard let status = OutboxStatus(rawValue: text) else {
+                    throw StoreError.unexpectedValue(column: "outbox_events.status", value: text)
+                }
+                counts[status] = Int(row.int64(1))
             }
             return counts
         }

@@ -3,9 +3,10 @@ import Foundation
 /// One row of `outbox_events`.
 public struct OutboxEvent: Sendable, Equatable {
     public var id: String
-    public var type: String
+    public var type: OutboxEventType
+    /// The stored JSON text (`OutboxPayload.json`); `decodedPayload` reads it.
     public var payload: String
-    public var status: String
+    public var status: OutboxStatus
     public var retryCount: Int
     public var nextRetryAt: Int64
     public var createdAt: Int64
@@ -17,6 +18,9 @@ public struct OutboxEvent: Sendable, Equatable {
     public var payloadBytes: Int
     public var batchID: String?
     public var lastError: String?
+
+    /// The payload, typed; nil for a damaged row.
+    public var decodedPayload: OutboxPayload? { OutboxPayload(type: type, json: payload) }
 }
 
 /// A frame as it goes upstream.
@@ -58,9 +62,18 @@ extension GatewayStore {
         first_seq, last_seq, frame_count, payload_bytes, batch_id, last_error
         """
 
-    private static func event(_ row: Statement) -> OutboxEvent {
-        OutboxEvent(
-            id: row.text(0), type: row.text(1), payload: row.text(2), status: row.text(3),
+    private static func event(_ row: Statement) throws -> OutboxEvent {
+        let typeText = row.text(1)
+        let statusText = row.text(3)
+        // CHECK constraints allow only these values; anything else is a damaged or foreign file.
+        guard let type = OutboxEventType(rawValue: typeText) else {
+            throw StoreError.unexpectedValue(column: "outbox_events.event_type", value: typeText)
+        }
+        guard let status = OutboxStatus(rawValue: statusText) else {
+            throw StoreError.unexpectedValue(column: "outbox_events.status", value: statusText)
+        }
+        return OutboxEvent(
+            id: row.text(0), type: type, payload: row.text(2), status: status,
             retryCount: Int(row.int64(4)), nextRetryAt: row.int64(5), createdAt: row.int64(6),
             peripheral: row.text(7), epoch: row.text(8),
             firstSeq: row.isNull(9) ? nil : UInt64(bitPattern: row.int64(9)),
@@ -93,7 +106,7 @@ extension GatewayStore {
                     try database.cached(
                         "SELECT \(GatewayStore.eventColumns) FROM outbox_events "
                             + "WHERE batch_id = ? AND status = 'PENDING' ORDER BY created_at, rowid"
-                    ).forEach([.text(existing)]) { events.append(GatewayStore.event($0)) }
+                    ).forEach([.text(existing)]) { events.append(try GatewayStore.event($0)) }
                 } else {
                     batchID = UUID().uuidString.lowercased()
                     isRetry = false
@@ -104,7 +117,7 @@ extension GatewayStore {
                             + "WHERE status = 'PENDING' AND batch_id IS NULL AND next_retry_at <= ? "
                             + "ORDER BY created_at, rowid LIMIT ?"
                     ).forEach([.integer(now), .integer(Int64(limits.maxEvents))]) { row in
-                        let event = GatewayStore.event(row)
+                        let event = try GatewayStore.event(row)
                         let fits =
                             events.isEmpty
                             || (frames + event.frameCount <= limits.maxFrames
@@ -129,7 +142,7 @@ extension GatewayStore {
                     try claim.run([
                         .text(batchID), .integer(now), batchGateway.map { .text($0) } ?? .null, .text(events[index].id),
                     ])
-                    events[index].status = "IN_FLIGHT"
+                    events[index].status = .inFlight
                     events[index].batchID = batchID
                 }
                 return events.isEmpty
@@ -140,7 +153,7 @@ extension GatewayStore {
 
     /// The frames a FRAMES event carries, in seq order.
     public func frames(for event: OutboxEvent) throws -> [StoredFrame] {
-        guard event.type == "FRAMES", let first = event.firstSeq, let last = event.lastSeq else { return [] }
+        guard event.type == .frames, let first = event.firstSeq, let last = event.lastSeq else { return [] }
         return try store {
             var frames: [StoredFrame] = []
             frames.reserveCapacity(event.frameCount)
@@ -287,7 +300,7 @@ extension GatewayStore {
                 "SELECT \(GatewayStore.eventColumns) FROM outbox_events"
                 + (status == nil ? "" : " WHERE status = ?") + " ORDER BY created_at, rowid LIMIT ?"
             let values: [SQLValue] = (status.map { [.text($0.rawValue)] } ?? []) + [.integer(Int64(limit))]
-            try database.cached(sql).forEach(values) { events.append(GatewayStore.event($0)) }
+            try database.cached(sql).forEach(values) { events.append(try GatewayStore.event($0)) }
             return events
         }
     }

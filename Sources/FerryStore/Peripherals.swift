@@ -7,16 +7,42 @@ public struct TrustedPeripheral: Sendable, Equatable {
     /// "public" or "random".
     public var addressType: String
     public var name: String?
-    /// "just-works", "passkey", "numeric-comparison", or "existing-bond" (BlueZ already held a bond).
-    public var pairingMethod: String
+    public var pairingMethod: PairingMethod
     public var pairedAt: Int64
 
-    public init(address: PeripheralAddress, addressType: String, name: String?, pairingMethod: String, pairedAt: Int64) {
+    public init(address: PeripheralAddress, addressType: String, name: String?, pairingMethod: PairingMethod, pairedAt: Int64) {
         self.address = address
         self.addressType = addressType
         self.name = name
         self.pairingMethod = pairingMethod
         self.pairedAt = pairedAt
+    }
+}
+
+/// How a peripheral's last session ended, as `peripheral_sync_state.last_result` stores it (the raw values are
+/// what operators see in `ferry peripherals`: keep them).
+public enum SyncResult: Sendable, Equatable, CustomStringConvertible {
+    /// The sync state machine disconnected for this reason (its `kind`: "caughtUp", "noResponse", ...).
+    case disconnected(SyncSession.DisconnectReason)
+    case linkLost
+    case subscribeFailed
+    /// The store was over its budget or the disk full: nothing committed or acknowledged.
+    case backpressure
+    /// Not synced: BlueZ lost the bond of a peripheral this gateway paired (require_bond).
+    case refusedBondLost
+    /// Not synced: never bonded with this gateway (require_bond).
+    case refusedNotBonded
+
+    /// The stored text.
+    public var description: String {
+        switch self {
+        case .disconnected(let reason): reason.kind
+        case .linkLost: "linkLost"
+        case .subscribeFailed: "subscribeFailed"
+        case .backpressure: "backpressure"
+        case .refusedBondLost: "refused: bond lost"
+        case .refusedNotBonded: "refused: not bonded"
+        }
     }
 }
 
@@ -50,7 +76,7 @@ extension GatewayStore {
                 """
             ).run([
                 .text(peripheral.address.string), .text(peripheral.addressType),
-                peripheral.name.map { .text($0) } ?? .null, .text(peripheral.pairingMethod),
+                peripheral.name.map { .text($0) } ?? .null, .text(peripheral.pairingMethod.rawValue),
                 .integer(peripheral.pairedAt),
             ])
         }
@@ -77,7 +103,7 @@ extension GatewayStore {
                 result.append(
                     TrustedPeripheral(
                         address: address, addressType: row.text(1), name: row.optionalText(2),
-                        pairingMethod: row.text(3), pairedAt: row.int64(4)))
+                        pairingMethod: try Self.pairingMethod(row.text(3)), pairedAt: row.int64(4)))
             }
             return result
         }
@@ -108,9 +134,11 @@ extension GatewayStore {
     }
 
     /// `recordSyncState` at the store clock's now.
-    public func recordSessionEnd(peripheral: PeripheralAddress, result: String, epoch: UInt64?, head: UInt64?) throws {
+    public func recordSessionEnd(peripheral: PeripheralAddress, result: SyncResult, epoch: UInt64?, head: UInt64?) throws {
         try recordSyncState(
-            PeripheralSyncState(peripheral: peripheral, lastSyncAt: clock.nowMillis(), lastResult: result, epoch: epoch, head: head))
+            PeripheralSyncState(
+                peripheral: peripheral, lastSyncAt: clock.nowMillis(), lastResult: result.description, epoch: epoch,
+                head: head))
     }
 
     public func syncState(_ peripheral: PeripheralAddress) throws -> PeripheralSyncState? {
@@ -142,5 +170,13 @@ extension GatewayStore {
             }
             return result
         }
+    }
+
+    /// The stored method; a value this ferry never writes is a damaged or foreign row, said so rather than guessed.
+    static func pairingMethod(_ text: String) throws -> PairingMethod {
+        guard let method = PairingMethod(rawValue: text) else {
+            throw StoreError.unexpectedValue(column: "trusted_peripherals.pairing_method", value: text)
+        }
+        return method
     }
 }

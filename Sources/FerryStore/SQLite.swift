@@ -14,14 +14,27 @@ public struct SQLiteError: Error, CustomStringConvertible, Sendable {
 
     /// The primary result code (extended codes carry detail in the upper bits).
     public var primaryCode: Int32 { code & 0xFF }
-    public var isBusy: Bool { primaryCode == SQLITE_BUSY || primaryCode == SQLITE_LOCKED }
-    public var isFull: Bool { primaryCode == SQLITE_FULL }
+    /// The primary result code, typed (nil for a code this enum does not name).
+    public var resultCode: SQLiteResultCode? { SQLiteResultCode(rawValue: primaryCode) }
+    public var isBusy: Bool { resultCode == .busy || resultCode == .locked }
+    public var isFull: Bool { resultCode == .full }
 
     public var description: String {
         var text = "SQLite error \(code): \(message)"
         if let sql { text += " (in: \(sql.split(separator: "\n").joined(separator: " ")))" }
         return text
     }
+}
+
+/// SQLite's primary result codes (https://sqlite.org/rescode.html), as GRDB types them: callers match
+/// `catch let e as SQLiteError where e.resultCode == .corrupt`, or `case .busy = error` through `~=`.
+public enum SQLiteResultCode: Int32, Sendable, CaseIterable {
+    case error = 1, `internal`, perm, abort, busy, locked, nomem, readonly, interrupt, ioerr, corrupt, notfound, full
+    case cantopen, `protocol`, empty, schema, toobig, constraint, mismatch, misuse, nolfs, auth, format, range, notadb
+    case notice, warning
+
+    /// `case .busy = error` / `switch error { case .full: ... }`: the error's primary code is this one.
+    public static func ~= (pattern: SQLiteResultCode, error: SQLiteError) -> Bool { error.resultCode == pattern }
 }
 
 /// A value bound to or read from a statement.

@@ -113,6 +113,8 @@ public enum StoreError: Error, CustomStringConvertible, Sendable {
     /// A commit found a stored cursor that does not continue into the batch (another writer, or a bug).
     case cursorMismatch(stored: UInt64, batchStartsAt: UInt64)
     case unknownOutboxEvent(String)
+    /// A column holds a value this ferry never writes (a damaged or hand-edited row).
+    case unexpectedValue(column: String, value: String)
     /// A read-only open found an older schema: a writing command has to migrate it first.
     case needsMigration(path: String, found: Int64, supported: Int64)
     /// `PRAGMA quick_check` found damage (daemon start).
@@ -127,6 +129,7 @@ public enum StoreError: Error, CustomStringConvertible, Sendable {
         case .cursorMismatch(let stored, let start):
             "stored cursor \(stored) does not continue into a batch starting at \(start); nothing was written"
         case .unknownOutboxEvent(let id): "no outbox event with id \(id)"
+        case .unexpectedValue(let column, let value): "unexpected value in \(column): \(String(reflecting: value))"
         case .needsMigration(let path, let found, let supported):
             "\(path) has schema version \(found), this ferry uses \(supported); read-only commands do not migrate: "
                 + "run `ferry run` (or ferry ingest/sync/forward) once to migrate it"

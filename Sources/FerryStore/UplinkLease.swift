@@ -6,11 +6,21 @@ public struct ForwarderLeaseHolder: Sendable, Equatable {
     public var expiresAt: Int64
 }
 
+/// `uplink_forwarder.state`: what the forwarder last recorded. The raw values are the stored text and what
+/// `ferry status` and the metrics show.
+public enum UplinkState: String, Sendable, CaseIterable {
+    case online, offline
+    /// Waiting for credentials (401/403, an unusable token file) or a human (TLS trust, redirects).
+    case paused
+    /// The forwarder gave its lease up.
+    case stopped
+}
+
 /// The uplink's state as its forwarder last recorded it, for `ferry status`.
 public struct UplinkStateRecord: Sendable, Equatable {
     public var running: Bool
     public var pid: Int64
-    public var state: String
+    public var state: UplinkState
     public var since: Int64?
     public var detail: String?
 }
@@ -72,10 +82,10 @@ extension GatewayStore {
     }
 
     /// Records the uplink's state (online / offline / paused) for `ferry status`; only the lease's owner writes.
-    public func recordUplinkState(owner: String, state: String, since: Int64, detail: String?) throws {
+    public func recordUplinkState(owner: String, state: UplinkState, since: Int64, detail: String?) throws {
         try store {
             try database.cached("UPDATE uplink_forwarder SET state = ?, state_since = ?, detail = ? WHERE id = 1 AND owner = ?")
-                .run([.text(state), .integer(since), detail.map { .text($0) } ?? .null, .text(owner)])
+                .run([.text(state.rawValue), .integer(since), detail.map { .text($0) } ?? .null, .text(owner)])
         }
     }
 
@@ -85,8 +95,12 @@ extension GatewayStore {
             var record: UplinkStateRecord?
             try database.cached("SELECT pid, expires_at, state, state_since, detail FROM uplink_forwarder WHERE id = 1")
                 .forEach([]) {
+                    let text = $0.text(2)
+                    guard let state = UplinkState(rawValue: text) else {
+                        throw StoreError.unexpectedValue(column: "uplink_forwarder.state", value: text)
+                    }
                     record = UplinkStateRecord(
-                        running: $0.int64(1) > now, pid: $0.int64(0), state: $0.text(2),
+                        running: $0.int64(1) > now, pid: $0.int64(0), state: state,
                         since: $0.isNull(3) ? nil : $0.int64(3), detail: $0.optionalText(4))
                 }
             return record

@@ -92,7 +92,7 @@ public actor OutboxForwarder {
     private var lastRenewal: Int64 = 0
     private var lastWall: Int64 = 0
     private var lastMono: Int64 = 0
-    private var recordedState = "online"
+    private var recordedState = UplinkState.online
     public private(set) var report = ForwardReport()
 
     /// `tokenSource` is called before the first request and again after every 401/403 pause (the operator
@@ -154,8 +154,8 @@ public actor OutboxForwarder {
         }
         try store.releaseForwarderLease(owner: owner)
         let counts = try store.outboxCounts()
-        report.failedInStore = counts["FAILED"] ?? 0
-        report.pendingInStore = (counts["PENDING"] ?? 0) + (counts["IN_FLIGHT"] ?? 0)
+        report.failedInStore = counts[.failed] ?? 0
+        report.pendingInStore = (counts[.pending] ?? 0) + (counts[.inFlight] ?? 0)
         return report
     }
 
@@ -240,11 +240,11 @@ public actor OutboxForwarder {
             return true
         } catch {
             let policy = configuration.policy
-            let after = min(policy.maxPauseSeconds, policy.basePauseSeconds * pow(2, Double(min(consecutivePauses, 62))))
+            let after = policy.pauseSeconds(consecutivePauses: consecutivePauses)
             consecutivePauses += 1
             report.pauses += 1
             pausedUntil = now + Int64(after * 1000)
-            try? record("paused", since: wallClock.nowMillis(), detail: "cannot use the token: \(error)")
+            try? record(.paused, since: wallClock.nowMillis(), detail: "cannot use the token: \(error)")
             log.log(.error, "uplink: paused \(String(format: "%.0f", after)) s: cannot use the token: \(error)")
             return false
         }
@@ -273,33 +273,31 @@ public actor OutboxForwarder {
             let epoch = UInt64(event.epoch) ?? 0
             let content: UplinkEvent.Content
             switch event.type {
-            case "FRAMES":
+            case .frames:
                 let frames = try store.frames(for: event).map {
                     UplinkFrame(
                         seq: $0.seq, payload: $0.payload,
                         receivedAt: UplinkTimestamp(millisecondsSince1970: $0.receivedAt))
                 }
                 content = .frames(frames)
-            case "GAP":
+            case .gap:
                 content = .gap(
                     firstSeq: event.firstSeq ?? 0, lastSeq: event.lastSeq ?? 0,
                     detectedAt: UplinkTimestamp(millisecondsSince1970: event.createdAt))
-            default:
-                let fields = Self.stringFields(of: event.payload)
+            case .regression:
+                // The store wrote this payload in the transaction that rebased the stream; unreadable means a
+                // damaged row: said so (the batch stays unsent) rather than reported upstream as zeros.
+                guard case .regression(_, _, let cursor, let head, _, _)? = event.decodedPayload else {
+                    throw StoreError.unexpectedValue(column: "outbox_events.payload (\(event.id))", value: event.payload)
+                }
                 content = .regression(
-                    cursor: UInt64(fields["cursor"] ?? "") ?? 0, head: UInt64(fields["head"] ?? "") ?? 0,
-                    detectedAt: UplinkTimestamp(millisecondsSince1970: event.createdAt))
+                    cursor: cursor, head: head, detectedAt: UplinkTimestamp(millisecondsSince1970: event.createdAt))
             }
             events.append(UplinkEvent(id: event.id, peripheral: event.peripheral, epoch: epoch, content: content))
         }
         // The gateway the batch was first sent with: a resend is byte-identical after a host rename.
         return UplinkBodyEncoder.encode(
             UplinkBatchBody(gateway: batch.gateway ?? configuration.gatewayID, batch: batch.id, events: events))
-    }
-
-    private static func stringFields(of json: String) -> [String: String] {
-        guard let object = try? JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any] else { return [:] }
-        return object.compactMapValues { $0 as? String }
     }
 
     private func settle(_ batch: ClaimedBatch, _ attempt: UplinkAttempt, sentAt: Int64) throws {
@@ -319,7 +317,7 @@ public actor OutboxForwarder {
             consecutivePauses = 0
             try store.completeBatch(batch.id, now: wall)
             try apply(health.succeeded(batch: batch.id, now: now), now: now)
-            try record("online", since: wall, detail: nil)
+            try record(.online, since: wall, detail: nil)
             report.batchesDelivered += 1
             report.eventsDelivered += batch.events.count
             report.framesDelivered += frames
@@ -344,7 +342,7 @@ public actor OutboxForwarder {
             try store.retryBatch(
                 batch.id, error: "\(reason)", nextRetryAt: wall &+ UplinkHealth.millis(after), countsAsRetry: false,
                 maxRetries: Int(Int32.max))
-            try record("paused", since: wall, detail: "\(reason)")
+            try record(.paused, since: wall, detail: "\(reason)")
             log.log(.warning, "uplink: paused \(String(format: "%.0f", after)) s: \(reason)")
         case .fail(let reason):
             consecutivePauses = 0
@@ -399,7 +397,7 @@ public actor OutboxForwarder {
             break
         case .wentOffline(let since, let nextProbeAt):
             report.offlinePeriods += 1
-            try record("offline", since: wallClock.nowMillis() &- (now &- since), detail: reason.map { "\($0)" })
+            try record(.offline, since: wallClock.nowMillis() &- (now &- since), detail: reason.map { "\($0)" })
             let backlog = try store.undeliveredCount()
             log.log(
                 .warning,
@@ -417,7 +415,7 @@ public actor OutboxForwarder {
     }
 
     /// The uplink state `ferry status` shows; written on changes only.
-    private func record(_ state: String, since: Int64, detail: String?) throws {
+    private func record(_ state: UplinkState, since: Int64, detail: String?) throws {
         guard state != recordedState else { return }
         recordedState = state
         try store.recordUplinkState(owner: owner, state: state, since: since, detail: detail)

@@ -2,6 +2,8 @@
 // Retry-After honoured, a bounded number of retries, pauses that do not count.
 // Pure: the random source and the retry count are passed in.
 
+import FerryCore
+
 /// What to do with the batch's events after one attempt.
 public enum UplinkDisposition: Sendable, Hashable {
     /// Mark the events COMPLETED.
@@ -43,8 +45,12 @@ public struct UplinkRetryPolicy: Sendable, Hashable {
 
     /// The backoff ceiling before the `retryNumber`-th retry (1-based).
     public func backoffCeilingSeconds(retryNumber: Int) -> Double {
-        let exponent = Double(max(0, min(retryNumber - 1, 62)))
-        return min(maxDelaySeconds, baseDelaySeconds * pow2(exponent))
+        Backoff.ceiling(base: baseDelaySeconds, cap: maxDelaySeconds, doublings: retryNumber - 1)
+    }
+
+    /// The pause after `consecutivePauses` pauses in a row (0-based): no jitter.
+    public func pauseSeconds(consecutivePauses: Int) -> Double {
+        Backoff.ceiling(base: basePauseSeconds, cap: maxPauseSeconds, doublings: consecutivePauses)
     }
 
     /// Decides what happens after `outcome`, given how many retries the batch already had
@@ -58,8 +64,7 @@ public struct UplinkRetryPolicy: Sendable, Hashable {
         case .failed(let status, let detail):
             return .fail(reason: detail.isEmpty ? "HTTP \(status)" : "HTTP \(status): \(detail)")
         case .pause(let reason):
-            let exponent = Double(max(0, min(consecutivePauses, 62)))
-            return .pause(afterSeconds: min(maxPauseSeconds, basePauseSeconds * pow2(exponent)), reason: reason)
+            return .pause(afterSeconds: pauseSeconds(consecutivePauses: consecutivePauses), reason: reason)
         case .retry(let reason, let retryAfter):
             let next = retryCount + 1
             if next > maxRetries {
@@ -98,15 +103,5 @@ public struct UplinkRetryPolicy: Sendable, Hashable {
     /// more values, and a generator injected by a test (or a broken one) would make it spin.
     private static func unitFraction<R: RandomNumberGenerator>(_ random: inout R) -> Double {
         Double(random.next() >> 11) * 0x1p-53
-    }
-
-    private func pow2(_ exponent: Double) -> Double {
-        var value = 1.0
-        var remaining = Int(exponent)
-        while remaining > 0 {
-            value *= 2
-            remaining -= 1
-        }
-        return value
     }
 }

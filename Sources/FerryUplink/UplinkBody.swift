@@ -3,7 +3,9 @@
 // Why a hand-written encoder instead of JSONEncoder: a retry must resend the
 // byte-identical body under the same Idempotency-Key (the backend answers 422 to
 // the same key with a different body). JSONEncoder's key order, number and
-// escaping choices are not a promise across Foundation versions; this file is.
+// escaping choices are not a promise across Foundation versions; this file (and FerryCore's JSONWriter) is.
+
+import FerryCore
 
 /// A point in time as milliseconds since 1970-01-01T00:00:00Z. The body carries it as
 /// RFC 3339 with exactly three fractional digits and a `Z` suffix.
@@ -18,22 +20,8 @@ public struct UplinkTimestamp: Sendable, Hashable, Comparable {
         lhs.millisecondsSince1970 < rhs.millisecondsSince1970
     }
 
-    /// `2026-11-30T15:00:00.123Z`. Computed with integer calendar arithmetic, not a
-    /// DateFormatter: no locale, time zone or thread-safety surprises, and the same
-    /// value always gives the same bytes.
-    public var rfc3339: String {
-        let ms = millisecondsSince1970
-        let (days, msOfDay) = ms.floorDividedAndModulo(by: 86_400_000)
-        let (year, month, day) = CivilCalendar.civil(fromDays: days)
-        let seconds = msOfDay / 1000
-        var text = ""
-        text.reserveCapacity(24)
-        text += CivilCalendar.pad(year, 4) + "-" + CivilCalendar.pad(Int64(month), 2) + "-"
-        text += CivilCalendar.pad(Int64(day), 2) + "T" + CivilCalendar.pad(seconds / 3600, 2) + ":"
-        text += CivilCalendar.pad(seconds / 60 % 60, 2) + ":" + CivilCalendar.pad(seconds % 60, 2)
-        text += "." + CivilCalendar.pad(msOfDay % 1000, 3) + "Z"
-        return text
-    }
+    /// `2026-11-30T15:00:00.123Z` (FerryCore's CivilTime: integer arithmetic, same value, same bytes).
+    public var rfc3339: String { CivilTime.rfc3339(millisecondsSince1970: millisecondsSince1970) }
 }
 
 /// One validated frame as it goes upstream.
@@ -161,40 +149,6 @@ public enum UplinkBodyEncoder {
     }
 }
 
-/// Appends JSON tokens to a byte buffer.
-struct JSONWriter {
-    var bytes: [UInt8] = []
-
-    mutating func raw(_ text: String) {
-        bytes.append(contentsOf: text.utf8)
-    }
-
-    /// A 64-bit value as a quoted decimal string: JSON numbers lose precision above 2^53.
-    mutating func decimal(_ value: UInt64) {
-        bytes.append(UInt8(ascii: "\""))
-        bytes.append(contentsOf: String(value).utf8)
-        bytes.append(UInt8(ascii: "\""))
-    }
-
-    mutating func string(_ text: String) {
-        bytes.append(UInt8(ascii: "\""))
-        for byte in text.utf8 {
-            switch byte {
-            case UInt8(ascii: "\""): bytes.append(contentsOf: [0x5C, 0x22])
-            case UInt8(ascii: "\\"): bytes.append(contentsOf: [0x5C, 0x5C])
-            case 0x0A: bytes.append(contentsOf: [0x5C, UInt8(ascii: "n")])
-            case 0x0D: bytes.append(contentsOf: [0x5C, UInt8(ascii: "r")])
-            case 0x09: bytes.append(contentsOf: [0x5C, UInt8(ascii: "t")])
-            case 0x00..<0x20:
-                let hex: [UInt8] = Array("0123456789abcdef".utf8)
-                bytes.append(contentsOf: [0x5C, UInt8(ascii: "u"), 0x30, 0x30, hex[Int(byte >> 4)], hex[Int(byte & 0xF)]])
-            default: bytes.append(byte)
-            }
-        }
-        bytes.append(UInt8(ascii: "\""))
-    }
-}
-
 /// Standard padded base64 (RFC 4648 §4), the alphabet every backend language decodes by default.
 enum Base64 {
     private static let alphabet: [UInt8] = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/".utf8)
@@ -223,45 +177,5 @@ enum Base64 {
             out.append(alphabet[Int(chunk >> 6 & 63)])
             out.append(UInt8(ascii: "="))
         }
-    }
-}
-
-/// Proleptic Gregorian calendar arithmetic on day numbers (days since 1970-01-01).
-/// Algorithms from Howard Hinnant's "chrono-Compatible Low-Level Date Algorithms".
-enum CivilCalendar {
-    static func civil(fromDays days: Int64) -> (year: Int64, month: Int, day: Int) {
-        let z = days + 719_468
-        let era = (z >= 0 ? z : z - 146_096) / 146_097
-        let dayOfEra = z - era * 146_097
-        let yearOfEra = (dayOfEra - dayOfEra / 1460 + dayOfEra / 36_524 - dayOfEra / 146_096) / 365
-        let dayOfYear = dayOfEra - (365 * yearOfEra + yearOfEra / 4 - yearOfEra / 100)
-        let mp = (5 * dayOfYear + 2) / 153
-        let day = Int(dayOfYear - (153 * mp + 2) / 5 + 1)
-        let month = Int(mp < 10 ? mp + 3 : mp - 9)
-        return (yearOfEra + era * 400 + (month <= 2 ? 1 : 0), month, day)
-    }
-
-    static func days(fromCivil year: Int64, month: Int, day: Int) -> Int64 {
-        let y = month <= 2 ? year - 1 : year
-        let era = (y >= 0 ? y : y - 399) / 400
-        let yearOfEra = y - era * 400
-        let m = Int64(month)
-        let dayOfYear = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + Int64(day) - 1
-        let dayOfEra = yearOfEra * 365 + yearOfEra / 4 - yearOfEra / 100 + dayOfYear
-        return era * 146_097 + dayOfEra - 719_468
-    }
-
-    static func pad(_ value: Int64, _ width: Int) -> String {
-        let digits = String(value)
-        return digits.count >= width ? digits : String(repeating: "0", count: width - digits.count) + digits
-    }
-}
-
-extension Int64 {
-    /// Floor division: -1 ms is 1969-12-31T23:59:59.999Z, not 1970-01-01T00:00:00.-01.
-    func floorDividedAndModulo(by divisor: Int64) -> (Int64, Int64) {
-        let quotient = self / divisor
-        let remainder = self % divisor
-        return remainder < 0 ? (quotient - 1, remainder + divisor) : (quotient, remainder)
     }
 }

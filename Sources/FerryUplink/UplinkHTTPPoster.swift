@@ -7,13 +7,11 @@
 // the request WITHOUT its body and hung until the request timeout — a body-less request that reached the
 // backend under the same Idempotency-Key. libcurl with a copied body resends the whole request at once.
 
+import FerryCore
 import CCurl
 import Foundation
 import Synchronization
 
-public enum FerryUplinkVersion {
-    public static let string = "0.1.0"
-}
 /// When request bodies are gzip-compressed.
 public enum UplinkCompression: Sendable, Hashable {
     /// Never compress.
@@ -49,7 +47,7 @@ public struct UplinkHTTPConfiguration: Sendable {
     public var clientKeyFile: String?
 
     public init(
-        endpoint: URL, requestTimeoutSeconds: Int = 30, userAgent: String = "ferry/" + FerryUplinkVersion.string,
+        endpoint: URL, requestTimeoutSeconds: Int = 30, userAgent: String = "ferry/" + FerryVersion.string,
         compression: UplinkCompression = .whenAdvertised(minimumBytes: 1024), maximumConnections: Int = 4,
         allowPlainHTTP: Bool = false
     ) {

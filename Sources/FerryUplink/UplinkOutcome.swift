@@ -1,3 +1,4 @@
+import FerryCore
 import Foundation
 
 // What one POST of a batch came to, classified exactly as PROTOCOL.md §6 says.
@@ -154,7 +155,7 @@ public enum HTTPDate {
         guard clock.count == 3, let hour = clock[0], let minute = clock[1], let second = clock[2],
             (1...31).contains(day), (0...23).contains(hour), (0...59).contains(minute), (0...60).contains(second)
         else { return nil }
-        let days = CivilCalendar.days(fromCivil: year, month: month, day: day)
+        let days = CivilTime.days(fromCivil: year, month: month, day: day)
         return days * 86_400 + hour * 3600 + minute * 60 + second
     }
 }

@@ -49,7 +49,7 @@ import Testing
             let store = try GatewayStore(path: db)
             try store.trust(
                 TrustedPeripheral(
-                    address: address, addressType: "public", name: "tank-3", pairingMethod: "passkey",
+                    address: address, addressType: "public", name: "tank-3", pairingMethod: .passkey,
                     pairedAt: 1_796_000_000_000))
             let stream = try store.openStream(peripheral: address, deviceEpoch: 7)
             let frames = (1...30).map { Frame.data(seq: UInt64($0), payload: [UInt8($0)]) }
@@ -102,7 +102,7 @@ import Testing
         let db = dir.file("ferry.sqlite")
         let address = PeripheralAddress(peripheral)!
         try GatewayStore(path: db).trust(
-            TrustedPeripheral(address: address, addressType: "public", name: nil, pairingMethod: "just-works", pairedAt: 1))
+            TrustedPeripheral(address: address, addressType: "public", name: nil, pairingMethod: .justWorks, pairedAt: 1))
         let result = try binary("unpair", peripheral, "--db", db, "--bus", deadBus)
         #expect(result.status == 1)
         #expect(result.stderr.first?.contains("cannot reach bluetoothd") == true)

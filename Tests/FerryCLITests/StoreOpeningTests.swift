@@ -116,7 +116,7 @@ import Testing
         // And a read-only handle refuses writes outright.
         let store = try GatewayStore.openReadOnly(path: db)
         let error = #expect(throws: SQLiteError.self) { try store.database.execute("DELETE FROM staged_frames") }
-        #expect(error?.primaryCode == 8)  // SQLITE_READONLY
+        #expect(error?.resultCode == .readonly)
     }
 
     @Test func lookingCommandsOnAMissingStoreSaySoAndCreateNothing() throws {

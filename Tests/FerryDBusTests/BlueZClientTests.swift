@@ -32,11 +32,13 @@ struct BlueZClientTests {
             $0.properties(FakeBlueZ.devicePath, BlueZInterface.device)?["RSSI"]?.int16 == -61 ? true : nil
         }
         for (path, interfaces) in FakeBlueZ.gattObjects() { try fake.addObject(path, interfaces) }
-        let found = try await client.objects.waitFor(timeout: .seconds(5)) { objects in
-            objects.descendants(of: FakeBlueZ.devicePath, implementing: BlueZInterface.gattCharacteristic).count == 3
-                ? true : nil
+        // The cache must show the characteristics the fake announced, at their paths (not just "three of them").
+        let characteristics = try await client.objects.waitFor(timeout: .seconds(5)) { objects in
+            let paths = objects.descendants(of: FakeBlueZ.devicePath, implementing: BlueZInterface.gattCharacteristic)
+                .map(\.path)
+            return paths.count == 3 ? paths : nil
         }
-        #expect(found)
+        #expect(characteristics == [FakeBlueZ.controlPath, FakeBlueZ.dataPath, FakeBlueZ.streamInfoPath].sorted())
         try fake.removeObject(FakeBlueZ.devicePath)
         _ = try await client.objects.waitFor(timeout: .seconds(5)) {
             $0.properties(FakeBlueZ.devicePath, BlueZInterface.device) == nil ? true : nil

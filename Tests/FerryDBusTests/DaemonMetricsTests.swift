@@ -1,6 +1,7 @@
 import FerryBlueZ
 import FerryDBus
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerryStore
 import Foundation

@@ -1,6 +1,7 @@
 import FerryBlueZ
 import FerryDBus
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerryStore
 import Foundation
@@ -73,7 +74,7 @@ final class RecordingLog: LogSink {
             #expect(fake.state.withLock { $0.agents.first?.capability } == "NoInputNoOutput")
             let trusted = try store.trustedPeripherals()
             #expect(trusted.map(\.address) == [address])
-            #expect(trusted.first?.pairingMethod == "just-works")
+            #expect(trusted.first?.pairingMethod == .justWorks)
             #expect(trusted.first?.name == "ferry-sensor")
         }
     }
@@ -91,7 +92,7 @@ final class RecordingLog: LogSink {
 
             let result = try await pairing.pair(address: address, passkey: 4_321, store: store)
             #expect(result.method == .passkey)
-            #expect(try store.trustedPeripheral(address)?.pairingMethod == "passkey")
+            #expect(try store.trustedPeripheral(address)?.pairingMethod == .passkey)
         }
     }
 

@@ -1,4 +1,5 @@
 import FerryGateway
+import FerrySync
 import Foundation
 import Testing
 

@@ -1,4 +1,5 @@
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerrySimulator
 import FerryStore
@@ -75,7 +76,7 @@ func silentPeripheral() async throws {
     try peripheral.record(count: 500)
     let gateway = try Gateway(directory: dir)
     let first = try await gateway.session(with: peripheral)
-    #expect(first.summary.disconnectReason == "noResponse")
+    #expect(first.summary.end == .disconnected(.noResponse))
     #expect(first.control.map(\.type) == [.syncRequest, .syncRequest, .syncRequest])
     #expect(peripheral.statistics.requestsIgnored == 3)
     peripheral.faults = .none

@@ -1,4 +1,5 @@
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerrySimulator
 import FerryStore
@@ -70,7 +71,7 @@ struct LifecycleTests {
         try await gateway.syncUntilCaughtUp(peripheral)
 
         let ledger = try expectConsistent(gateway, peripheral)
-        #expect(try gateway.outboxCount(type: "REGRESSION") == 1)
+        #expect(try gateway.outboxCount(type: .regression) == 1)
         #expect(gateway.sessions.last?.summary.regressions == 1)
         #expect(ledger.streams.count == 2)
         let old = try #require(ledger.streams.first)
@@ -126,7 +127,7 @@ struct LifecycleTests {
         gateway.configuration.stayConnected = true
         gateway.limits.stopAt = gateway.clock.now() + 40
         let live = try await gateway.session(with: peripheral)
-        #expect(live.outcome.ending == .finished && live.summary.disconnectReason == "shutdown")
+        #expect(live.outcome.ending == .finished && live.summary.end == .disconnected(.shutdown))
         #expect(peripheral.head > 2_000 + 5_000, "live events were generated while connected")
         #expect(live.summary.cursor > 2_000 + 4_000, "and stored while connected")
 

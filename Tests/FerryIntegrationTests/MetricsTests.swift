@@ -5,6 +5,7 @@ import Foundation
 import Testing
 
 @testable import FerryGateway
+@testable import FerrySync
 
 #if canImport(Glibc)
     import Glibc
@@ -122,7 +123,7 @@ import Testing
             let store = try GatewayStore(path: path, clock: FixedWallClock(millis: 1_000_000))
             _ = try store.openStream(peripheral: a, deviceEpoch: 7)
             _ = try store.openStream(peripheral: b, deviceEpoch: 9)
-            try store.recordSessionEnd(peripheral: a, result: "caughtUp", epoch: 7, head: 12)
+            try store.recordSessionEnd(peripheral: a, result: .disconnected(.caughtUp), epoch: 7, head: 12)
         }
         let store = try GatewayStore.openReadOnly(path: path)
         let readings = try StoreReadings.read(from: store, now: 1_030_500)
@@ -202,6 +203,14 @@ final class FixedWallClock: WallClock {
             sessions: [.init(peripheral: "AA:BB:CC:DD:EE:01", phase: "syncing", seconds: 2.5)])
         try file.write(view)
         #expect(file.readFresh(nowMillis: 1_029_000) == view)
+        // The keys sorted, as JSONEncoder(.sortedKeys) wrote them before the one JSON writer did.
+        #expect(
+            try String(contentsOfFile: file.path, encoding: .utf8)
+                == #"{"adapter":"hci0","max_connections":3,"pid":42,"sessions":[{"peripheral":"AA:BB:CC:DD:EE:01","#
+                + #""phase":"syncing","seconds":2.5}],"slots_in_use":1,"updated_at":1000000}"#)
+        let noAdapter = LiveView(pid: 7, updatedAt: 1_000_000, adapter: nil, slotsInUse: 0, maxConnections: 1, sessions: [])
+        try file.write(noAdapter)
+        #expect(file.readFresh(nowMillis: 1_000_000) == noAdapter)
         #expect(file.readFresh(nowMillis: 1_031_000) == nil)  // not rewritten for 31 s: that daemon is gone
         try "{not json".write(toFile: file.path, atomically: true, encoding: .utf8)
         #expect(file.readFresh(nowMillis: 1_000_000) == nil)
@@ -389,7 +398,7 @@ final class Client {
         runner.metrics = metrics
         return runner
     }
-    #expect(results.last?.summary.disconnectReason == "caughtUp")
+    #expect(results.last?.summary.end == .disconnected(.caughtUp))
     let stored = try store.frames(of: StreamKey(peripheral: address, epoch: peripheral.epoch)).count
     #expect(stored == 1_500)
     #expect(metrics.snapshot.value(FerryMetric.framesStored) == Double(stored))

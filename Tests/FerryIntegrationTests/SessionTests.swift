@@ -1,4 +1,5 @@
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerrySimulator
 import FerryStore
@@ -22,11 +23,11 @@ struct SessionTests {
         #expect(ledger.gapSeqs == 0)
         #expect(gateway.sessions[0].acksSent.count >= 10_000 / 20)
 
-        let outboxBefore = try gateway.outboxCount(type: "FRAMES")
+        let outboxBefore = try gateway.outboxCount(type: .frames)
         let again = try await gateway.session(with: peripheral)
         #expect(again.caughtUp)
         #expect(again.summary.framesStored == 0)
-        #expect(try gateway.outboxCount(type: "FRAMES") == outboxBefore)
+        #expect(try gateway.outboxCount(type: .frames) == outboxBefore)
         _ = try expectConsistent(gateway, peripheral)
     }
 
@@ -59,7 +60,7 @@ func driverHelperCatchesUp() async throws {
     let results = await SessionDriver.syncUntilCaughtUp(peripheral, clock: clock) { transport in
         SyncSessionRunner(peripheral: address, store: store, transport: transport, clock: clock)
     }
-    #expect(results.last?.summary.disconnectReason == "caughtUp")
+    #expect(results.last?.summary.end == .disconnected(.caughtUp))
     #expect(results.reduce(0) { $0 + $1.summary.framesStored } == 3_000)
     #expect(try store.frames(of: StreamKey(peripheral: address, epoch: peripheral.epoch)).count == 3_000)
     #expect(peripheral.violations.isEmpty)

@@ -1,4 +1,5 @@
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerrySimulator
 import Foundation

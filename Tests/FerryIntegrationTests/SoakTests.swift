@@ -1,4 +1,5 @@
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerrySimulator
 import FerryStore
@@ -49,7 +50,7 @@ struct SoakTests {
         defer { dir.remove() }
         let causes = peripheral.generations.map(\.cause)
         #expect(causes.contains(.epochReset) && causes.contains(.counterRegression), "\(causes)")
-        #expect(try gateway.outboxCount(type: "REGRESSION") >= 1)
+        #expect(try gateway.outboxCount(type: .regression) >= 1)
         #expect(gateway.crashes >= 1)
         #expect(ledger.storedEvents > 5_000)
         #expect(ledger.streams.count == Set(ledger.streams.map(\.status.epoch)).count)

@@ -6,6 +6,7 @@ import Synchronization
 import Testing
 
 @testable import FerryGateway
+@testable import FerrySync
 
 #if canImport(Glibc)
     import Glibc
@@ -138,12 +139,7 @@ import Testing
                 _ = await SessionDriver.run(runner: runner, transport: transport, clock: sessionClock)
                 let s = runner.summary
                 // GatewayDaemon's outcome mapping and nudge.
-                let outcome: SyncScheduler.Outcome
-                switch s.disconnectReason {
-                case "caughtUp": outcome = .caughtUp
-                case _ where s.backpressure: outcome = .interrupted(backlog: nil)
-                default: outcome = .failed
-                }
+                let outcome = SyncScheduler.Outcome(s, backlog: nil)
                 if s.backpressure { signals.nudge(s.diskFull ? .diskFull : .overBudget) }
                 scheduler.finished(address, outcome: outcome, now: t)
             }
@@ -245,7 +241,7 @@ import Testing
         #expect(signals.sessionsAllowed)
         #expect(log.matching("): sessions resume").count == 1)
         let second = await session()
-        #expect(second.summary.disconnectReason == "caughtUp", "\(second.summary)")
+        #expect(second.summary.end == .disconnected(.caughtUp), "\(second.summary)")
         #expect(try store.openStream(peripheral: address, deviceEpoch: peripheral.epoch).cursor == peripheral.head)
         #expect(try store.frames(of: stream.key).count == Int(peripheral.head))
     }

@@ -1,4 +1,5 @@
 import FerryGateway
+import FerrySync
 import FerryProtocol
 import FerrySimulator
 import FerryStore
@@ -39,11 +40,11 @@ struct SessionRecord: CustomStringConvertible {
     /// The ACK that was about to be written when the process "crashed".
     var crashedBeforeAck: UInt64?
 
-    var caughtUp: Bool { outcome.ending == .finished && summary.disconnectReason == "caughtUp" }
+    var caughtUp: Bool { outcome.ending == .finished && summary.end == .disconnected(.caughtUp) }
 
     var description: String {
         "\(outcome.ending) after \(outcome.steps) steps, \(outcome.notificationsDelivered) notifications, "
-            + "stored \(summary.framesStored), cursor \(summary.cursor), reason \(summary.disconnectReason ?? "-")"
+            + "stored \(summary.framesStored), cursor \(summary.cursor), end \(summary.end.map { "\($0)" } ?? "-")"
     }
 }
 
@@ -183,8 +184,8 @@ final class Gateway {
         return gaps
     }
 
-    func outboxCount(type: String) throws -> Int {
-        Int(try store.database.integer("SELECT count(*) FROM outbox_events WHERE event_type = ?", [.text(type)]) ?? 0)
+    func outboxCount(type: OutboxEventType) throws -> Int {
+        Int(try store.database.integer("SELECT count(*) FROM outbox_events WHERE event_type = ?", [.text(type.rawValue)]) ?? 0)
     }
 
     var totalFramesStored: Int { sessions.reduce(0) { $0 + $1.summary.framesStored } }

@@ -1,4 +1,5 @@
 import FerryGateway
+import FerrySync
 import FerrySimulator
 import Foundation
 import Testing

@@ -26,7 +26,7 @@ import Testing
         let insert = "INSERT INTO t (k, v) VALUES (?, ?)"
         try db.cached(insert).run([.integer(1), .text("a")])
         let error = #expect(throws: SQLiteError.self) { try db.cached(insert).run([.integer(1), .text("b")]) }
-        #expect(error?.primaryCode == 19)  // SQLITE_CONSTRAINT
+        #expect(error?.resultCode == .constraint)
         #expect(error?.code == 1555)  // SQLITE_CONSTRAINT_PRIMARYKEY: extended codes are on
         #expect(error?.sql == insert)
         // The failed statement was reset: the cached one still works afterwards.
@@ -166,6 +166,6 @@ import Testing
     @Test func openingInAMissingDirectoryFailsWithCantOpen() throws {
         let dir = try TemporaryDirectory()
         let error = #expect(throws: SQLiteError.self) { _ = try Database.open(path: dir.file("no/such/dir.sqlite")) }
-        #expect(error?.primaryCode == 14)  // SQLITE_CANTOPEN
+        #expect(error?.resultCode == .cantopen)
     }
 }

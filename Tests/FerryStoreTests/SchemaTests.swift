@@ -76,7 +76,7 @@ import Testing
         let error = #expect(throws: SQLiteError.self) {
             try store.database.prepare(insert).run([.text("bad"), .text("DONE")])
         }
-        #expect(error?.primaryCode == 19)  // SQLITE_CONSTRAINT
+        #expect(error?.resultCode == .constraint)
         #expect(try store.count("SELECT count(*) FROM outbox_events") == 4)
     }
 
@@ -167,7 +167,7 @@ import Testing
             Issue.record("expected a SQLite open error, got \(String(describing: error))")
             return
         }
-        #expect(sqlite.primaryCode == 14)  // SQLITE_CANTOPEN
+        #expect(sqlite.resultCode == .cantopen)
         #expect(!FileManager.default.fileExists(atPath: path))
     }
 }

@@ -141,7 +141,7 @@ import Testing
             }
         }
         let error = try #require(full, "the file system never filled up")
-        #expect(error.primaryCode == 13)  // SQLITE_FULL
+        #expect(error.resultCode == .full)
         #expect(cursor >= 40)
         // Nothing lost: every committed window is there, the failed one left no trace, the file is sound.
         #expect(try store.cursor(of: stream.key) == cursor)

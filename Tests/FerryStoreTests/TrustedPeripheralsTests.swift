@@ -6,7 +6,7 @@ import Testing
 @Suite struct TrustedPeripheralsTests {
     let other = PeripheralAddress("C0:FF:EE:00:00:02")!
 
-    func trusted(_ address: PeripheralAddress, method: String = "just-works", at millis: Int64 = 1_000) -> TrustedPeripheral {
+    func trusted(_ address: PeripheralAddress, method: PairingMethod = .justWorks, at millis: Int64 = 1_000) -> TrustedPeripheral {
         TrustedPeripheral(address: address, addressType: "random", name: "sensor", pairingMethod: method, pairedAt: millis)
     }
 
@@ -18,8 +18,8 @@ import Testing
         try store.trust(trusted(testPeripheral))
         #expect(try store.trustedPeripherals().map(\.address) == [testPeripheral, other])  // ordered by address
         // Pairing again replaces the record (new method, new time) instead of failing or duplicating it.
-        try store.trust(trusted(testPeripheral, method: "passkey", at: 2_000))
-        #expect(try store.trustedPeripheral(testPeripheral)?.pairingMethod == "passkey")
+        try store.trust(trusted(testPeripheral, method: .passkey, at: 2_000))
+        #expect(try store.trustedPeripheral(testPeripheral)?.pairingMethod == .passkey)
         #expect(try store.trustedPeripheral(testPeripheral)?.pairedAt == 2_000)
         #expect(try store.trustedPeripherals().count == 2)
         #expect(try store.forget(testPeripheral) == true)
@@ -35,7 +35,7 @@ import Testing
         _ = try store.commit(batch(from: 0, dataFrames(1...20)), to: stream.key)
         try store.forget(testPeripheral)
         #expect(try store.frames(of: stream.key).count == 20)
-        #expect(try store.outboxCounts()["PENDING"] == 1)
+        #expect(try store.outboxCounts()[.pending] == 1)
         #expect(try store.activeCursor(testPeripheral).map { [$0.epoch, $0.cursor] } == [9, 20])
     }
 

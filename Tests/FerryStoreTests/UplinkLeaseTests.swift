@@ -40,10 +40,10 @@ import Testing
         #expect(
             try store.acquireForwarderLease(owner: "e", pid: 100, bootID: "b2", now: 2004, ttlMillis: 1000, isAlive: { _ in true })
                 == .acquired(previousOwnerGone: true), "the same process: its earlier forwarder ended")
-        try store.recordUplinkState(owner: "e", state: "offline", since: 2004, detail: "HTTP 503")
+        try store.recordUplinkState(owner: "e", state: .offline, since: 2004, detail: "HTTP 503")
         #expect(
             try store.uplinkState(now: 2005)
-                == UplinkStateRecord(running: true, pid: 100, state: "offline", since: 2004, detail: "HTTP 503"))
+                == UplinkStateRecord(running: true, pid: 100, state: .offline, since: 2004, detail: "HTTP 503"))
         try store.releaseForwarderLease(owner: "e")
         #expect(try store.uplinkState(now: 2005)?.running == false)
     }

@@ -2,15 +2,17 @@
 //
 //   FERRY_UPLINK_BENCH=1 swift test -c release -Xswiftc -enable-testing --filter UplinkBenchmark
 //
-// Prints `FERRY-UPLINK-BENCH` lines; without the variable the test returns at once.
+// Prints `FERRY-UPLINK-BENCH` lines; without the variable the suite shows as skipped.
 
 import Foundation
 import Testing
 
 @testable import FerryUplink
 
-@Suite(.serialized) struct UplinkBenchmark {
-    static var enabled: Bool { ProcessInfo.processInfo.environment["FERRY_UPLINK_BENCH"] == "1" }
+@Suite(
+    .serialized,
+    .enabled(if: ProcessInfo.processInfo.environment["FERRY_UPLINK_BENCH"] == "1", "set FERRY_UPLINK_BENCH=1 to run"))
+struct UplinkBenchmark {
 
     func seconds(_ duration: Duration) -> Double {
         Double(duration.components.seconds) + Double(duration.components.attoseconds) / 1e18
@@ -19,7 +21,6 @@ import Testing
     /// Small POSTs (one 20-byte frame each), one at a time and 4 in flight, against a backend
     /// whose own SQLite runs with synchronous=off (the HTTP path) and =full (its default).
     @Test func smallPostRoundTrips() async throws {
-        guard Self.enabled else { return }
         for synchronous in ["off", "full"] {
             let backend = try ReferenceBackend(arguments: ["--synchronous", synchronous])
             defer { backend.stop() }
@@ -72,7 +73,6 @@ import Testing
     /// Frames per second through the poster alone with realistic batches (20 frames of
     /// 20 bytes, one ACK batch per request), sequential, backend synchronous=full.
     @Test func twentyFrameBatchesPerSecond() async throws {
-        guard Self.enabled else { return }
         let backend = try ReferenceBackend()
         defer { backend.stop() }
         let poster = try UplinkHTTPPoster(configuration: UplinkHTTPConfiguration(endpoint: backend.endpoint))
@@ -97,7 +97,6 @@ import Testing
     /// Request bytes per frame for 20-frame batches of 20-byte payloads: headers as the backend
     /// received them plus the body as sent, plain and gzip (TCP/IP framing not included).
     @Test func bytesPerFrame() async throws {
-        guard Self.enabled else { return }
         for compression in [UplinkCompression.never, .always(minimumBytes: 1)] {
             let backend = try ReferenceBackend(arguments: ["--synchronous", "off", "--token", "t0123456789abcdef0123"])
             defer { backend.stop() }

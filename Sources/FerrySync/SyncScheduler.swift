@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 
 /// Decides which peripheral gets one of the gateway's few connection slots next. Pure: the daemon tells it
@@ -37,6 +38,18 @@ public struct SyncScheduler: Sendable {
         case interrupted(backlog: UInt64?)
         /// Connect failed, link lost, no response: back off.
         case failed
+
+        /// How a session that ran ends for the scheduler (the daemon's mapping; the simulations use it too).
+        /// `backlog`: what the peripheral still holds beyond the cursor, when known.
+        public init(_ summary: SyncSummary, backlog: UInt64?) {
+            switch summary.end {
+            case .disconnected(.caughtUp): self = .caughtUp
+            // Ended to share the slot, not for a fault of the peripheral: back soon, by backlog priority.
+            case .disconnected(.shutdown), .disconnected(.maxDurationReached): self = .interrupted(backlog: backlog)
+            case _ where summary.backpressure: self = .interrupted(backlog: backlog)
+            default: self = .failed
+            }
+        }
     }
 
     public struct PeripheralState: Sendable, Equatable {
@@ -149,9 +162,9 @@ public struct SyncScheduler: Sendable {
 
     /// Seconds to wait after `failures` consecutive failures (before jitter).
     public func backoff(afterFailures failures: Int) -> Double {
-        let exponent = min(max(failures - 1, 0), 30)
-        let raw = configuration.backoffBase * Double(1 << exponent)
-        return min(configuration.backoffCap, raw) * jitter()
+        Backoff.ceiling(
+            base: configuration.backoffBase, cap: configuration.backoffCap, doublings: failures - 1, maxDoublings: 30)
+            * jitter()
     }
 
     /// When the daemon should ask `due` again at the latest (nil: nothing can become due by time alone).

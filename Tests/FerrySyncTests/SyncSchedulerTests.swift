@@ -1,4 +1,4 @@
-import FerryGateway
+import FerrySync
 import FerryProtocol
 import Testing
 

@@ -13,6 +13,14 @@ public protocol SyncTransport: AnyObject {
     func disconnect() async
 }
 
+/// Where a session's counters go as they happen (the daemon's metrics; nothing in `ferry sync` and tests).
+public protocol SessionMetrics: Sendable {
+    /// Bytes just received on DATA (per notification).
+    func received(bytes: Int)
+    /// Frames just committed (per commit).
+    func stored(frames: Int)
+}
+
 /// A transport failure the runner reports (the session ends; committed data is safe).
 public struct TransportError: Error, CustomStringConvertible, Sendable {
     public var description: String
@@ -31,17 +39,8 @@ public struct SyncSummary: Sendable, Equatable {
     public var corrupt = 0
     /// Bytes received on DATA (whole notifications, noise included): the metrics' bytes counter.
     public var bytesReceived = 0
-    /// How the session ended (nil while it runs).
+    /// How the session ended (nil while it runs). Decide on this, never on its text.
     public var end: SessionEnd?
-    /// The end as log text: the machine's reason or the subscribe error; nil for a link loss (as before
-    /// `end` existed, so log lines and callers keep their shape). Decide on `end`, never on this text.
-    public var disconnectReason: String? {
-        switch end {
-        case .disconnected(let reason): return "\(reason)"
-        case .subscribeFailed(let message): return "subscribe failed: \(message)"
-        case .linkLost, nil: return nil
-        }
-    }
     /// The store was over its disk budget: nothing more was committed or acknowledged (backpressure).
     public var backpressure = false
     /// The backpressure came from SQLITE_FULL: the file system itself had no room for the window.
@@ -49,7 +48,9 @@ public struct SyncSummary: Sendable, Equatable {
 }
 
 /// How a session ended, typed (the scheduler, `ferry sync` and `peripheral_sync_state` decide on it).
-public enum SessionEnd: Sendable, Equatable {
+/// `description` is log text only ("caughtUp", `streamInfoUnreadable("...")`, "subscribe failed: ...",
+/// "link lost"), the words log readers and the test bed know.
+public enum SessionEnd: Sendable, Equatable, CustomStringConvertible {
     /// The state machine disconnected, for this reason.
     case disconnected(SyncSession.DisconnectReason)
     /// The link dropped under the session (peripheral, radio, bluetoothd).
@@ -57,12 +58,29 @@ public enum SessionEnd: Sendable, Equatable {
     /// DATA could not be subscribed: the session never started.
     case subscribeFailed(String)
 
-    /// The kind stored in `peripheral_sync_state.last_result` (a kind, not a message).
-    public var resultKind: String {
+    /// What `peripheral_sync_state.last_result` records (a kind, not a message).
+    public var result: SyncResult {
         switch self {
-        case .disconnected(let reason): return SyncResultKind.of("\(reason)")
-        case .linkLost: return "linkLost"
-        case .subscribeFailed: return "subscribeFailed"
+        case .disconnected(let reason): .disconnected(reason)
+        case .linkLost: .linkLost
+        case .subscribeFailed: .subscribeFailed
+        }
+    }
+
+    /// The BlueZ error text this end carries, if any (what the link-security check reads).
+    public var errorText: String? {
+        switch self {
+        case .disconnected(.streamInfoUnreadable(let detail)): detail
+        case .subscribeFailed(let message): message
+        default: nil
+        }
+    }
+
+    public var description: String {
+        switch self {
+        case .disconnected(let reason): reason.description
+        case .subscribeFailed(let message): "subscribe failed: \(message)"
+        case .linkLost: "link lost"
         }
     }
 }
@@ -87,11 +105,12 @@ public final class SyncSessionRunner {
     private let store: GatewayStore
     private let transport: any SyncTransport
     private let clock: any MonotonicClock
-    private let log: any LogSink
+    /// Every line names the peripheral (metadata), not each message.
+    private let log: Logger
     private let diskBudgetBytes: Int64?
     /// The daemon's metrics, counted as frames commit and bytes arrive (not at the session's end: a
     /// stay-connected session may last for days).
-    public var metrics: GatewayMetrics?
+    public var metrics: (any SessionMetrics)?
 
     /// `diskBudgetBytes`: when the store file (with its WAL) is larger, the runner stops committing and so stops
     /// acknowledging: the peripheral keeps its events until the uplink has drained and pruned the store.
@@ -105,7 +124,7 @@ public final class SyncSessionRunner {
         self.store = store
         self.transport = transport
         self.clock = clock
-        self.log = log
+        self.log = Logger(sink: log).with(peripheral: peripheral.string)
         machine = SyncSession(configuration: configuration)
         summary = SyncSummary(peripheral: peripheral.string)
     }
@@ -171,7 +190,7 @@ public final class SyncSessionRunner {
                 lastCommittedCursor = handle.cursor
                 return machine.cursorLoaded(handle.cursor, now: now)
             } catch {
-                log.log(.error, "\(peripheral): cannot open stream: \(error)")
+                log.log(.error, "cannot open stream: \(error)")
                 return machine.commitFailed(now: now)
             }
         case .recordRegression(_, let cursor, let head):
@@ -180,13 +199,13 @@ public final class SyncSessionRunner {
                 let rebased = try store.recordRegression(stream: current, cursor: cursor, head: head)
                 log.log(
                     .warning,
-                    "\(peripheral): sequence regression on epoch \(current.deviceEpoch): head \(head) < cursor \(cursor); "
+                    "sequence regression on epoch \(current.deviceEpoch): head \(head) < cursor \(cursor); "
                         + "recorded, new events go to store epoch \(rebased.key.epoch)")
                 stream = rebased
                 lastCommittedCursor = 0
                 return machine.cursorLoaded(0, now: now)
             } catch {
-                log.log(.error, "\(peripheral): cannot record regression: \(error)")
+                log.log(.error, "cannot record regression: \(error)")
                 return machine.commitFailed(now: now)
             }
         case .subscribe:
@@ -197,7 +216,7 @@ public final class SyncSessionRunner {
                 // Without DATA the session cannot run (e.g. BlueZ still holds a dead process's AcquireNotify:
                 // "Notify acquired"). End it now — the SYNC_REQ queued behind this must not go out — and let
                 // the caller back off and retry.
-                log.log(.warning, "\(peripheral): subscribe failed: \(error)")
+                log.log(.warning, "subscribe failed: \(error)")
                 summary.end = .subscribeFailed("\(error)")
                 recordSessionEnd()
                 dropQueuedActions = true
@@ -210,20 +229,20 @@ public final class SyncSessionRunner {
             do {
                 try await transport.writeControl(Frame.syncRequest(lastCommitted: last, window: window).encoded())
             } catch {
-                log.log(.warning, "\(peripheral): SYNC_REQ write failed: \(error)")
+                log.log(.warning, "SYNC_REQ write failed: \(error)")
                 // The response timeout re-sends it; a dead link shows up as a disconnect.
             }
             return []
         case .sendSyncAck(let seq):
             guard seq <= lastCommittedCursor else {
-                log.log(.error, "\(peripheral): refusing SYNC_ACK(\(seq)) above committed cursor \(lastCommittedCursor)")
+                log.log(.error, "refusing SYNC_ACK(\(seq)) above committed cursor \(lastCommittedCursor)")
                 return []
             }
             do {
                 try await transport.writeControl(Frame.syncAck(committed: seq).encoded())
                 acksSent.append(seq)
             } catch {
-                log.log(.warning, "\(peripheral): SYNC_ACK write failed: \(error)")
+                log.log(.warning, "SYNC_ACK write failed: \(error)")
             }
             return []
         case .commit(let batch):
@@ -232,7 +251,7 @@ public final class SyncSessionRunner {
                 summary.backpressure = true
                 log.log(
                     .warning,
-                    "\(peripheral): store uses \(used) bytes, over its budget of \(budget): not committing or "
+                    "store uses \(used) bytes, over its budget of \(budget): not committing or "
                         + "acknowledging; the peripheral keeps its events (backpressure)")
                 return machine.commitFailed(now: now)
             }
@@ -242,7 +261,7 @@ public final class SyncSessionRunner {
                 summary.framesStored += outcome.framesInserted
                 metrics?.stored(frames: outcome.framesInserted)
                 if let gap = outcome.gapRecorded {
-                    log.log(.warning, "\(peripheral): gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
+                    log.log(.warning, "gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
                 }
                 return machine.commitFinished(cursor: outcome.cursor, now: clock.now())
             } catch StoreError.sqlite(let e) where e.isFull {
@@ -252,15 +271,15 @@ public final class SyncSessionRunner {
                 summary.diskFull = true
                 log.log(
                     .error,
-                    "\(peripheral): disk full (SQLITE_FULL): window not committed, nothing acknowledged; the "
+                    "disk full (SQLITE_FULL): window not committed, nothing acknowledged; the "
                         + "peripheral keeps its events (backpressure)")
                 return machine.commitFailed(now: clock.now())
             } catch {
-                log.log(.error, "\(peripheral): commit failed, nothing acknowledged: \(error)")
+                log.log(.error, "commit failed, nothing acknowledged: \(error)")
                 return machine.commitFailed(now: clock.now())
             }
         case .caughtUp(let cursor):
-            log.log(.debug, "\(peripheral): caught up at \(cursor)")
+            log.log(.debug, "caught up at \(cursor)")
             return []
         case .disconnect(let reason):
             summary.end = .disconnected(reason)
@@ -268,13 +287,13 @@ public final class SyncSessionRunner {
             case .noProgress:
                 log.log(
                     .warning,
-                    "\(peripheral): no new frame committed for \(machine.configuration.noProgressTimeout) s while more "
+                    "no new frame committed for \(machine.configuration.noProgressTimeout) s while more "
                         + "was expected (\(machine.statistics.duplicates) duplicates, "
                         + "\(machine.decoder.statistics.corruptRuns) corrupt runs so far): ending the session to free the slot")
             case .maxDurationReached:
                 log.log(
                     .notice,
-                    "\(peripheral): session reached its maximum length of "
+                    "session reached its maximum length of "
                         + "\(machine.configuration.maxSessionDuration ?? 0) s: releasing the slot, the rest follows next session")
             default: break
             }
@@ -302,7 +321,7 @@ public final class SyncSessionRunner {
                 attempt += 1
                 log.log(
                     .warning,
-                    "\(peripheral): store locked by another writer (\(error.message)); retrying the commit "
+                    "store locked by another writer (\(error.message)); retrying the commit "
                         + "(\(attempt)/\(Self.busyRetries)), nothing acknowledged meanwhile")
             }
         }
@@ -311,11 +330,11 @@ public final class SyncSessionRunner {
     /// How the session ended, for `ferry peripherals`. Information for operators, outside the commit
     /// transaction: losing it in a crash loses nothing the protocol relies on.
     private func recordSessionEnd() {
-        let result = summary.backpressure ? "backpressure" : (summary.end ?? .linkLost).resultKind
+        let result = summary.backpressure ? .backpressure : (summary.end ?? .linkLost).result
         do {
             try store.recordSessionEnd(peripheral: peripheral, result: result, epoch: stream?.key.epoch, head: machine.knownHead)
         } catch {
-            log.log(.warning, "\(peripheral): cannot record how the session ended: \(error)")
+            log.log(.warning, "cannot record how the session ended: \(error)")
         }
     }
 
@@ -327,13 +346,5 @@ public final class SyncSessionRunner {
         summary.gapsRecorded = s.gapsRecorded
         summary.regressions = s.regressions
         summary.corrupt = machine.decoder.statistics.corruptRuns
-    }
-}
-
-/// The kind of a session's end for `peripheral_sync_state.last_result`.
-public enum SyncResultKind {
-    /// "streamInfoUnreadable(\"...\")" → "streamInfoUnreadable": the column holds a kind, not a message.
-    public static func of(_ reason: String) -> String {
-        String(reason.prefix { $0 != "(" && $0 != ":" })
     }
 }
