@@ -403,7 +403,7 @@ import Testing
         #expect(nudges >= 1, "the filled disk never refused a claim: the test did not reproduce the case")
         #expect(log.matching("gave back the").count >= 1)
         let left = try uplink.outboxCounts()
-        #expect(left["PENDING", default: 0] == 0 && left["IN_FLIGHT", default: 0] == 0, "undelivered left: \(left), \(delivered) batches delivered")
+        #expect(left[.pending, default: 0] == 0 && left[.inFlight, default: 0] == 0, "undelivered left: \(left), \(delivered) batches delivered")
 
         // Delivered: the watch prunes, the store shrinks, the reserve fits again, sessions resume.
         for _ in 0..<20 where !signals.sessionsAllowed {
