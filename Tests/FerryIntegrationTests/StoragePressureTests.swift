@@ -188,13 +188,9 @@ import Testing
     /// sees the disk full; once the space is freed the watch lets sessions run and the next one catches up.
     @Test(.enabled(if: isRoot, "needs root to mount a small tmpfs"))
     func sqliteFullInASessionLosesNothingAndRecoversWhenSpaceReturns() async throws {
-        let mountPoint = FileManager.default.temporaryDirectory.path + "/ferry-full-" + UUID().uuidString
-        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
-        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, "size=16m") == 0, "mount tmpfs")
-        defer {
-            umount(mountPoint)
-            try? FileManager.default.removeItem(atPath: mountPoint)
-        }
+        let disk = try SmallDisk("ferry-full", size: "16m")
+        defer { disk.remove() }
+        let mountPoint = disk.path
         let path = mountPoint + "/ferry.sqlite"
         let store = try GatewayStore(path: path)
         let filler = mountPoint + "/other-program.log"
@@ -252,13 +248,9 @@ import Testing
     /// put back and sessions resume. Nothing undelivered is lost on the way.
     @Test(.enabled(if: isRoot, "needs root to mount a small tmpfs"))
     func aStoreThatFilledTheDiskItselfRecoversThroughTheReserve() throws {
-        let mountPoint = FileManager.default.temporaryDirectory.path + "/ferry-self-full-" + UUID().uuidString
-        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
-        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, "size=10m") == 0, "mount tmpfs")
-        defer {
-            umount(mountPoint)
-            try? FileManager.default.removeItem(atPath: mountPoint)
-        }
+        let disk = try SmallDisk("ferry-self-full", size: "10m")
+        defer { disk.remove() }
+        let mountPoint = disk.path
         let path = mountPoint + "/ferry.sqlite"
         let store = try GatewayStore(path: path)
         let uplink = try GatewayStore(path: path)
@@ -338,13 +330,9 @@ import Testing
     /// blocks. Then every event is delivered, pruned, and sessions resume. Nothing undelivered is lost.
     @Test(.enabled(if: isRoot, "needs root to mount a small tmpfs"))
     func aDiskFilledByAnotherProgramWhileOfflineRecoversThroughDelivery() throws {
-        let mountPoint = FileManager.default.temporaryDirectory.path + "/ferry-other-full-" + UUID().uuidString
-        try FileManager.default.createDirectory(atPath: mountPoint, withIntermediateDirectories: false)
-        try #require(mount("tmpfs", mountPoint, "tmpfs", 0, "size=12m") == 0, "mount tmpfs")
-        defer {
-            umount(mountPoint)
-            try? FileManager.default.removeItem(atPath: mountPoint)
-        }
+        let disk = try SmallDisk("ferry-other-full", size: "12m")
+        defer { disk.remove() }
+        let mountPoint = disk.path
         let path = mountPoint + "/ferry.sqlite"
         let store = try GatewayStore(path: path)
         let uplink = try GatewayStore(path: path)
@@ -414,5 +402,21 @@ import Testing
         #expect(log.matching("): sessions resume").count == 1)
         #expect(try store.quickCheck().isEmpty)
         try? filler.close()
+    }
+}
+
+/// A tmpfs of its own for a test that fills a disk (root only); `remove()` unmounts it.
+struct SmallDisk {
+    let path: String
+
+    init(_ name: String, size: String) throws {
+        path = FileManager.default.temporaryDirectory.path + "/\(name)-" + UUID().uuidString
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: false)
+        try #require(mount("tmpfs", path, "tmpfs", 0, "size=\(size)") == 0, "mount tmpfs")
+    }
+
+    func remove() {
+        umount(path)
+        try? FileManager.default.removeItem(atPath: path)
     }
 }
