@@ -62,8 +62,10 @@ class Checks:
 
 # ---------------------------------------------------------------- host side
 
-def host_main(scenario_file: str, scenario: str, bed_args: list[str], bed_timeout: int) -> int:
-    """Boots the bed with this scenario as the guest command; returns the process exit status."""
+def host_main(scenario_file: str, scenario: str, bed_args: list[str], bed_timeout: int,
+              guest_args: list[str] | None = None) -> int:
+    """Boots the bed with this scenario as the guest command (with `guest_args` after --guest); returns the
+    process exit status."""
     results = None
     argv = sys.argv[1:]
     if "--results" in argv:
@@ -79,7 +81,8 @@ def host_main(scenario_file: str, scenario: str, bed_args: list[str], bed_timeou
         print(f"{scenario}: 0 passed, 1 failed")
         return 1
     cmd = [os.path.join(ROOT, "scripts", "testbed"), "run", *bed_args, "--timeout", str(bed_timeout),
-           "--results", results, "--", "/usr/bin/python3", os.path.abspath(scenario_file), "--guest"]
+           "--results", results, "--", "/usr/bin/python3", os.path.abspath(scenario_file), "--guest",
+           *(guest_args or [])]
     print(f"{scenario}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
     t0 = time.monotonic()
     status = subprocess.call(cmd, cwd=ROOT)
