@@ -130,6 +130,13 @@ final class FakeBlueZ: Sendable {
             arguments: [.objectPath(path), Self.encode(interfaces)])
     }
 
+    /// The object exists (GetManagedObjects and method calls see it) but its InterfacesAdded is not sent: a
+    /// bluetoothd whose main loop is too busy to run the idle callback that flushes its signals.
+    func addObjectUnannounced(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
+        state.withLock { $0.tree[path, default: [:]].merge(interfaces) { _, new in new } }
+        try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
+    }
+
     func removeObject(_ path: String) throws {
         let names = state.withLock { s -> [String] in
             let names = s.tree[path].map { Array($0.keys).sorted() } ?? []
