@@ -22,6 +22,9 @@ public enum FerryMetric {
     public static let diskBudget = "ferry_store_disk_budget_bytes"
     public static let storeReadable = "ferry_store_readable"
     public static let adapterPowered = "ferry_adapter_powered"
+    public static let adapterRecoverySteps = "ferry_adapter_recovery_steps_total"
+    public static let adapterRecoveries = "ferry_adapter_recoveries_total"
+    public static let adapterWedged = "ferry_adapter_wedged"
 
     /// Connect latency buckets (seconds): a good link connects in well under a second, a busy or distant one
     /// in a few, and `connect_timeout_seconds` (35 by default) bounds the rest.
@@ -49,6 +52,16 @@ public enum FerryMetric {
             buckets: connectBuckets)
         r.declare(adapterPowered, .gauge, help: "1 while the Bluetooth adapter is found and powered, else 0.")
         r.set(adapterPowered, 0)
+        r.declare(
+            adapterRecoverySteps, .counter,
+            help: "Adapter recovery steps taken (power_cycle, hci_reset, exit) by the evidence that called for them.")
+        for step in AdapterRecovery.Step.allCases {
+            r.add(adapterRecoverySteps, 0, labels: MetricsRegistry.Labels(["step": step.rawValue]))
+        }
+        r.declare(adapterRecoveries, .counter, help: "Connects working again after an adapter recovery step, by the step.")
+        r.add(adapterRecoveries, 0)
+        r.declare(adapterWedged, .gauge, help: "1 while adapter recovery judges the controller wedged (a step is running or being verified, or cooling down), else 0.")
+        r.set(adapterWedged, 0)
         r.declare(slotsInUse, .gauge, help: "Connection slots held by sessions (connecting or connected).")
         r.set(slotsInUse, 0)
         r.declare(slots, .gauge, help: "Connection slots configured (max_connections).")
@@ -195,6 +208,18 @@ public final class GatewayMetrics: Sendable {
 
     func adapter(powered: Bool) {
         registry.withLock { $0.set(FerryMetric.adapterPowered, powered ? 1 : 0) }
+    }
+
+    func adapterRecoveryStep(_ step: AdapterRecovery.Step) {
+        registry.withLock { $0.add(FerryMetric.adapterRecoverySteps, labels: MetricsRegistry.Labels(["step": step.rawValue])) }
+    }
+
+    func adapterRecovered() {
+        registry.withLock { $0.add(FerryMetric.adapterRecoveries) }
+    }
+
+    func adapter(wedged: Bool) {
+        registry.withLock { $0.set(FerryMetric.adapterWedged, wedged ? 1 : 0) }
     }
 
     func slotsInUse(_ count: Int) {
