@@ -89,6 +89,17 @@ public struct AdapterRecovery: Sendable, Equatable {
         self.settings = settings
     }
 
+    /// For the live view (`ferry status`): "ok", "connects_failing", a step being performed ("power_cycle",
+    /// "hci_reset", "exit"), "verifying_<step>", or "cooling_down".
+    public var phase: String {
+        switch state {
+        case .healthy(_, let failures): failures > 0 ? "connects_failing" : "ok"
+        case .performing(let step, _): step.rawValue
+        case .verifying(let step, _, _, _): "verifying_" + step.rawValue
+        case .coolingDown: "cooling_down"
+        }
+    }
+
     // MARK: Events
 
     /// A connect (or the session it started) succeeded: the controller works.

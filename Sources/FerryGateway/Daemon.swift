@@ -402,7 +402,7 @@ public actor GatewayDaemon {
                     peripheral: address.string,
                     phase: session.control == nil ? "connecting" : (session.staysConnected ? "live" : "syncing"),
                     seconds: 0)
-            })
+            }, adapterRecovery: recovery.phase)
         if let written = liveViewWritten, written.view == view, now - written.at < 10 { return }
         var stamped = view
         stamped.updatedAt = SystemWallClock().nowMillis()

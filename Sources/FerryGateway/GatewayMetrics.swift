@@ -154,8 +154,14 @@ public struct LiveView: Codable, Sendable, Equatable {
     public var slotsInUse: Int
     public var maxConnections: Int
     public var sessions: [Session]
+    /// Adapter recovery's phase (`AdapterRecovery.phase`); nil in files written before it existed.
+    public var adapterRecovery: String?
 
-    public init(pid: Int32, updatedAt: Int64, adapter: String?, slotsInUse: Int, maxConnections: Int, sessions: [Session]) {
+    public init(
+        pid: Int32, updatedAt: Int64, adapter: String?, slotsInUse: Int, maxConnections: Int, sessions: [Session],
+        adapterRecovery: String? = nil
+    ) {
+        self.adapterRecovery = adapterRecovery
         self.pid = pid
         self.updatedAt = updatedAt
         self.adapter = adapter
@@ -169,6 +175,7 @@ public struct LiveView: Codable, Sendable, Equatable {
         case updatedAt = "updated_at"
         case slotsInUse = "slots_in_use"
         case maxConnections = "max_connections"
+        case adapterRecovery = "adapter_recovery"
     }
 }
 
