@@ -206,10 +206,12 @@ public actor BlueZObjectCache {
     /// the events the signals would have carried (interfaces added/removed, properties changed), without
     /// treating it as a restart (no `.serviceAppeared`, same generation).
     ///
-    /// Why: bluetoothd answers GetManagedObjects from its live tree, but emits InterfacesAdded and
-    /// PropertiesChanged from a GLib idle callback, which a busy main loop starves: measured in the test bed
-    /// (emulated controller reporting every advertisement, ~60 reports/s), device objects created at once
-    /// were announced only ~20 s later, after discovery stopped, so a 10–20 s `ferry scan` saw none of them.
+    /// Why: bluetoothd (gdbus) flushes InterfacesAdded/PropertiesChanged AND dispatches incoming calls from GLib
+    /// idle callbacks, which a main loop busy with advertising reports does not run. Measured in the test bed
+    /// (~20 reports/s per emulated peripheral): after StartDiscovery bluetoothd sent nothing for 7–20 s although
+    /// it had created the device objects at once, so a 8–20 s `ferry scan` read an empty cache. A resync's reply
+    /// comes after the signals bluetoothd had pending (a barrier: the tree is current once it returns), and the
+    /// diff covers signals that never come.
     /// A no-op while a full rebuild is in progress or bluetoothd is gone; a restart meanwhile wins.
     public func resync(timeout: Duration? = nil) async throws {
         guard snapshotIndex != nil, serviceOwner != nil, !holding else { return }

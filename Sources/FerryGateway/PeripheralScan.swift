@@ -78,9 +78,10 @@ public enum PeripheralScan {
                 progress(found.count, max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18))
                 try await Task.sleep(for: min(.milliseconds(500), max(.zero, left)))
             }
-            // bluetoothd may not have announced what it found yet (its signals wait for an idle main loop, which a
-            // flood of advertising reports starves): read its tree once more. Before releasing: stopping
-            // discovery clears the RSSIs. Bounded: a bluetoothd too busy to answer gets asked again below.
+            // bluetoothd may not have announced what it found yet (its signals and its answers wait for an idle
+            // main loop, which a flood of advertising reports starves): ask for its tree, which also waits until it
+            // caught up. Before releasing: stopping discovery clears the RSSIs. Bounded: a bluetoothd too busy to
+            // answer within 10 s is asked again once discovery stopped.
             let fresh = await resync(client, timeout: .seconds(10))
             let objects = await client.objects.snapshot
             found = inRange(objects, adapterPath: adapter.path, heard: heardNow(objects))
