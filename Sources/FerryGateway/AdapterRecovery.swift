@@ -80,6 +80,9 @@ public struct AdapterRecovery: Sendable, Equatable {
     public private(set) var adapterUnusableSince: Double?
     /// The last step performed and when it ended, for the escalation across episodes.
     public private(set) var lastStep: LastStep?
+    /// A step failed because of the controller itself (bluetoothd could not power it off or on, the kernel's
+    /// HCI reset timed out): HCI errors, strong evidence like an unusable adapter. Cleared by a successful connect.
+    public private(set) var controllerFailed = false
     public struct LastStep: Sendable, Equatable {
         public var step: Step
         public var at: Double
@@ -105,6 +108,7 @@ public struct AdapterRecovery: Sendable, Equatable {
     /// A connect (or the session it started) succeeded: the controller works.
     public mutating func connectSucceeded(now: Double) -> Action {
         adapterUnusableSince = nil
+        controllerFailed = false
         switch state {
         case .verifying(let step, _, _, _):
             state = .healthy(failingSince: nil, failures: 0)
@@ -141,9 +145,11 @@ public struct AdapterRecovery: Sendable, Equatable {
         return .none
     }
 
-    /// The step handed out by `perform` is done (or failed: the next tick escalates anyway).
-    public mutating func stepFinished(now: Double) -> Action {
+    /// The step handed out by `perform` is done. `controllerFailed`: it failed because the controller did not
+    /// answer (not for want of a permission), which makes the evidence strong.
+    public mutating func stepFinished(now: Double, controllerFailed failed: Bool = false) -> Action {
         guard case .performing(let step, let evidence) = state else { return .none }
+        if failed { controllerFailed = true }
         lastStep = LastStep(step: step, at: now)
         state = .verifying(step, evidence: evidence, at: now, failures: 0)
         return .none
@@ -171,13 +177,14 @@ public struct AdapterRecovery: Sendable, Equatable {
             return start(.connectsFailing, now: now)
         case .verifying(let step, let evidence, let at, let failures):
             guard now - at >= settings.verifySeconds else { return .none }
-            let stillBad = unusable || (peripheralsDue && failures > 0)
+            let strong = unusable || controllerFailed
+            let stillBad = strong || (peripheralsDue && failures > 0)
             guard stillBad else {
                 // Nothing was due, so nothing proved the step wrong or right: watch afresh.
                 state = .healthy(failingSince: nil, failures: 0)
                 return .none
             }
-            let nextEvidence: Evidence = unusable ? .adapterUnusable : evidence
+            let nextEvidence: Evidence = strong ? .adapterUnusable : evidence
             return escalate(after: step, evidence: nextEvidence, now: now)
         }
     }

@@ -310,6 +310,7 @@ public actor GatewayDaemon {
             metrics?.adapter(wedged: true)
             metrics?.adapterRecoveryStep(step)
             let name = adapterName ?? "hci0"
+            var controllerFailed = false
             let why = evidence == .adapterUnusable
                 ? "adapter \(name) missing or not powered for \(Int(configuration.adapterRecovery.adapterMissingSeconds)) s"
                 : "every connect failed for \(Int(configuration.adapterRecovery.wedgedAfterSeconds)) s"
@@ -317,26 +318,28 @@ public actor GatewayDaemon {
             case .powerCycle:
                 log.log(.warning, "adapter recovery: \(why): power cycling \(name) through bluetoothd")
                 if let adapter {
-                    await powerCycle(adapter)
+                    controllerFailed = await !powerCycle(adapter)
                 } else {
                     log.log(.warning, "adapter recovery: \(name) is not on bluetoothd's bus: nothing to power cycle")
                 }
             case .hciReset:
                 log.log(.warning, "adapter recovery: \(why): resetting \(name) through the kernel (HCI reset)")
                 // Off the actor: the ioctl blocks while the kernel resets the controller.
-                let outcome = await Task.detached { () -> String? in
-                    do throws(HCIReset.Failure) { try HCIReset.reset(adapterName: name) } catch { return error.description }
+                let failure = await Task.detached { () -> HCIReset.Failure? in
+                    do throws(HCIReset.Failure) { try HCIReset.reset(adapterName: name) } catch { return error }
                     return nil
                 }.value
-                if let outcome {
-                    log.log(.warning, "adapter recovery: \(outcome)")
+                if let failure {
+                    log.log(.warning, "adapter recovery: \(failure)")
+                    // A timeout or I/O error is the controller's; a missing permission is the unit's.
+                    controllerFailed = ![EPERM, EACCES].contains(failure.errno)
                 } else {
                     log.log(.notice, "adapter recovery: \(name) reset")
                 }
                 // The reset happens behind bluetoothd's and the kernel's management layer: measured in the test
                 // bed, discovery found nothing afterwards (the controller no longer scanned while both still
                 // believed it did). A power cycle through bluetoothd rebuilds that state from scratch.
-                if let adapter { await powerCycle(adapter) }
+                if let adapter, !(await powerCycle(adapter)) { controllerFailed = true }
             case .exit:
                 log.log(
                     .error,
@@ -346,26 +349,31 @@ public actor GatewayDaemon {
                 unrecoverable = AdapterUnrecoverable(adapter: name)
                 beginStop()
             }
-            _ = recovery.stepFinished(now: clock.now())
+            _ = recovery.stepFinished(now: clock.now(), controllerFailed: controllerFailed)
         }
     }
 
     /// Powered off, 1 s, on. The power-on is tried even when the power-off failed: a wedged controller may
     /// refuse the first (measured in the test bed: "Authentication Failed" after the kernel's command timeouts)
     /// and still be brought back by the HCI_Reset the kernel sends when powering on.
-    private func powerCycle(_ adapter: BlueZAdapter) async {
+    /// True when both halves worked.
+    private func powerCycle(_ adapter: BlueZAdapter) async -> Bool {
+        var ok = true
         do {
             try await adapter.setPowered(false)
         } catch {
+            ok = false
             log.log(.warning, "adapter recovery: powering \(adapter.name) off failed: \(error)")
         }
         try? await Task.sleep(nanoseconds: 1_000_000_000)
         do {
             try await adapter.setPowered(true)
-            log.log(.notice, "adapter recovery: \(adapter.name) powered off and on again")
+            log.log(.notice, "adapter recovery: \(adapter.name) powered " + (ok ? "off and on again" : "on"))
         } catch {
+            ok = false
             log.log(.warning, "adapter recovery: powering \(adapter.name) on failed: \(error)")
         }
+        return ok
     }
 
     // MARK: supervision

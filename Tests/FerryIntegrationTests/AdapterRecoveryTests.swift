@@ -91,6 +91,23 @@ import Testing
         #expect(noReset.tick(now: 16, peripheralsDue: false) == .perform(.exit, because: .adapterUnusable))
     }
 
+    /// A controller that does not answer (the power-off refused, the HCI reset timed out) is strong evidence even
+    /// while bluetoothd still calls it powered: the ladder goes on to exit.
+    @Test func aStepTheControllerFailedMakesTheEvidenceStrong() {
+        var r = AdapterRecovery(settings: Self.settings)
+        #expect(Self.failConnects(&r, from: 0, to: 400)?.1 == .perform(.powerCycle, because: .connectsFailing))
+        _ = r.stepFinished(now: 301, controllerFailed: true)
+        #expect(r.tick(now: 421, peripheralsDue: true) == .perform(.hciReset, because: .adapterUnusable))
+        _ = r.stepFinished(now: 422, controllerFailed: true)
+        #expect(r.tick(now: 542, peripheralsDue: true) == .perform(.exit, because: .adapterUnusable))
+        // A connect that works clears it.
+        var healed = AdapterRecovery(settings: Self.settings)
+        _ = Self.failConnects(&healed, from: 0, to: 400)
+        _ = healed.stepFinished(now: 301, controllerFailed: true)
+        #expect(healed.connectSucceeded(now: 310) == .recovered(after: .powerCycle))
+        #expect(!healed.controllerFailed)
+    }
+
     @Test func anAdapterThatComesBackAfterAStepIsNotEscalated() {
         var r = AdapterRecovery(settings: Self.settings)
         _ = r.adapter(usable: false, now: 0)
