@@ -56,6 +56,8 @@ public actor BlueZObjectCache {
     /// Receive index of the snapshot the tree is based on; nil while a snapshot is being loaded.
     private var snapshotIndex: UInt64?
     private var buffered: [DBusSignal] = []
+    /// True while a resync's GetManagedObjects is out: signals are buffered as during a rebuild.
+    private var holding = false
     private var serviceOwner: String?
     /// Increments on every rebuild, so holders of object paths can tell that bluetoothd restarted.
     public private(set) var generation = 0
@@ -200,6 +202,87 @@ public actor BlueZObjectCache {
         install(BlueZObjects(byPath: tree), owner: reply.sender, index: reply.receiveIndex)
     }
 
+    /// Re-reads bluetoothd's tree with a fresh GetManagedObjects and applies the difference to the cache as
+    /// the events the signals would have carried (interfaces added/removed, properties changed), without
+    /// treating it as a restart (no `.serviceAppeared`, same generation).
+    ///
+    /// Why: bluetoothd (gdbus) flushes InterfacesAdded/PropertiesChanged AND dispatches incoming calls from GLib
+    /// idle callbacks, which a main loop busy with advertising reports does not run. Measured in the test bed
+    /// (~20 reports/s per emulated peripheral): after StartDiscovery bluetoothd sent nothing for 7–20 s although
+    /// it had created the device objects at once, so a 8–20 s `ferry scan` read an empty cache. A resync's reply
+    /// comes after the signals bluetoothd had pending (a barrier: the tree is current once it returns), and the
+    /// diff covers signals that never come.
+    /// A no-op while a full rebuild is in progress or bluetoothd is gone; a restart meanwhile wins.
+    public func resync(timeout: Duration? = nil) async throws {
+        guard snapshotIndex != nil, serviceOwner != nil, !holding else { return }
+        let generationBefore = generation
+        // Hold signals while the call is out (as a rebuild does): one the pump applied now might be newer than
+        // the reply and would be overwritten by it.
+        holding = true
+        let reply: DBusReply
+        do {
+            reply = try await connection.call(
+                destination: serviceName, path: "/", interface: BlueZInterface.objectManager,
+                member: "GetManagedObjects", timeout: timeout)
+        } catch let error as DBusError {
+            releaseHeld()
+            throw BlueZError(error)
+        } catch {
+            releaseHeld()
+            throw error
+        }
+        // bluetoothd restarted (or a rebuild ran) while we waited: the rebuild's tree is the truth.
+        guard generation == generationBefore, let index = snapshotIndex, reply.receiveIndex > index,
+            reply.sender == serviceOwner, let managed = reply.arguments.first, case .dict = managed
+        else {
+            releaseHeld()
+            return
+        }
+        var fresh: [String: [String: BlueZProperties]] = [:]
+        for (path, interfaces) in managed.dictionary ?? [:] {
+            fresh[path] = Self.interfaceMap(interfaces)
+        }
+        let events = Self.difference(from: objects.byPath, to: fresh)
+        objects = BlueZObjects(byPath: fresh)
+        snapshotIndex = reply.receiveIndex
+        for event in events { broadcast(event) }
+        releaseHeld()
+    }
+
+    /// Ends a resync's hold: signals received meanwhile that are newer than the tree go on top, in order.
+    private func releaseHeld() {
+        holding = false
+        guard let index = snapshotIndex else { return }  // a rebuild is loading: it takes the buffer
+        let pending = buffered
+        buffered = []
+        for signal in pending where signal.receiveIndex > index { apply(signal) }
+        settleWaiters()
+    }
+
+    /// The events that turn tree `old` into tree `new`, in path order. Pure.
+    static func difference(
+        from old: [String: [String: BlueZProperties]], to new: [String: [String: BlueZProperties]]
+    ) -> [BlueZObjectEvent] {
+        var events: [BlueZObjectEvent] = []
+        for path in Set(old.keys).union(new.keys).sorted() {
+            let before = old[path] ?? [:]
+            let after = new[path] ?? [:]
+            let added = after.filter { before[$0.key] == nil }
+            let removed = before.keys.filter { after[$0] == nil }.sorted()
+            if !added.isEmpty { events.append(.interfacesAdded(path: path, interfaces: added)) }
+            for (interface, properties) in after.sorted(by: { $0.key < $1.key }) {
+                guard let previous = before[interface] else { continue }
+                let changed = properties.filter { previous[$0.key] != $0.value }
+                let invalidated = previous.keys.filter { properties[$0] == nil }.sorted()
+                if !changed.isEmpty || !invalidated.isEmpty {
+                    events.append(.propertiesChanged(path: path, interface: interface, changed: changed, invalidated: invalidated))
+                }
+            }
+            if !removed.isEmpty { events.append(.interfacesRemoved(path: path, interfaces: removed)) }
+        }
+        return events
+    }
+
     private func install(_ tree: BlueZObjects, owner: String?, index: UInt64) {
         objects = tree
         serviceOwner = owner
@@ -233,7 +316,7 @@ public actor BlueZObjectCache {
             await ownerChanged(to: newOwner)
             return
         }
-        guard let index = snapshotIndex else {
+        guard let index = snapshotIndex, !holding else {
             buffered.append(signal)
             return
         }

@@ -42,8 +42,9 @@ enum ScanCommand {
         defer { progress.clear() }
 
         let (adapter, found) = try AsyncBridge.run(cancelOnSignals: true) {
-            // The scan itself is bounded by S; the deadline covers a bluetoothd that stops answering.
-            try await withDeadline(seconds: seconds + 30, what: "scanning") {
+            // The scan itself is bounded by S, its final reads of bluetoothd's tree by 2 × 10 s; the deadline
+            // covers a bluetoothd that stops answering.
+            try await withDeadline(seconds: seconds + 60, what: "scanning") {
                 progress.update("connecting to bluetoothd", force: true)
                 let client = try await BlueZAccess.client(bus: bus)
                 let adapter = try await BlueZAccess.poweredAdapter(client, named: adapterName)

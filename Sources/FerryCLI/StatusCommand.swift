@@ -19,14 +19,15 @@ enum StatusCommand {
         backend unreachable or failing; nothing is used up while offline), paused for credentials since T
         (401/403 or an unusable token file), or no forwarder running; with the backlog (PENDING + IN_FLIGHT).
         When `ferry run` is running on this store, also its live view (from ferry-live.json beside the store,
-        which the daemon rewrites at least every 10 s): the adapter, slots in use and the current sessions
+        which the daemon rewrites at least every 10 s): the adapter (and adapter recovery's phase when it is
+        not ok: connects_failing, power_cycle, hci_reset, verifying_<step>, cooling_down), slots in use and the current sessions
         (connecting, syncing, or live when it stays connected) with how long each has held its slot.
         Opens the store read-only: never migrates or writes it (an older store is reported, not migrated).
 
         --json prints {"streams":[{"peripheral","epoch","device_epoch","cursor","frames_staged","active"}],
                        "outbox":{"PENDING","IN_FLIGHT","COMPLETED","FAILED"},"oldest_pending_age_seconds",
                        "disk_bytes","uplink":{"state","since","detail","pid","backlog"},
-                       "daemon":{"running","pid","adapter","slots_in_use","max_connections",
+                       "daemon":{"running","pid","adapter","adapter_recovery","slots_in_use","max_connections",
                                  "sessions":[{"peripheral","phase","seconds"}]}}
         (daemon: only "running": false when no ferry run is running on this store).
         (uplink.state: online | offline | paused | not running; since: RFC 3339 or null).
@@ -135,7 +136,8 @@ enum StatusCommand {
 
     static func daemonLine(_ view: LiveView?) -> String {
         guard let view else { return "daemon: not running on this store" }
-        return "daemon: running (pid \(view.pid)), adapter \(view.adapter ?? "not found yet"), "
+        let recovery = view.adapterRecovery.flatMap { $0 == "ok" ? nil : " (adapter recovery: \($0))" } ?? ""
+        return "daemon: running (pid \(view.pid)), adapter \(view.adapter ?? "not found yet")\(recovery), "
             + "\(view.slotsInUse) of \(view.maxConnections) slots in use"
     }
 
@@ -143,6 +145,7 @@ enum StatusCommand {
         guard let view else { return .object([("running", .bool(false))]) }
         return .object([
             ("running", .bool(true)), ("pid", .int(Int(view.pid))), ("adapter", view.adapter.map { .string($0) } ?? .null),
+            ("adapter_recovery", view.adapterRecovery.map { .string($0) } ?? .null),
             ("slots_in_use", .int(view.slotsInUse)), ("max_connections", .int(view.maxConnections)),
             (
                 "sessions",

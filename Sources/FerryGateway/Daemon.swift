@@ -47,6 +47,11 @@ public actor GatewayDaemon {
     private var effectiveDiskBudget: Int64?
     /// Why a candidate is not being synced (not bonded...), so each refusal is logged once, not every loop.
     private var refusals: [PeripheralAddress: BondRefusal] = [:]
+    /// Wedged-controller detection and its ladder (AdapterRecovery.swift); carried out by `recover`.
+    private var recovery: AdapterRecovery
+    /// The ladder's last step ran out: `run()` throws this after the graceful stop, so the process exits
+    /// non-zero and systemd restarts it.
+    private var unrecoverable: AdapterUnrecoverable?
     /// Totals since start, for the exit summary.
     public private(set) var totals = Totals()
 
@@ -86,6 +91,7 @@ public actor GatewayDaemon {
         self.connectBus = connectBus
         scheduler = SyncScheduler(
             configuration: configuration.schedulerConfiguration, jitter: { Double.random(in: 0.5...1) })
+        recovery = AdapterRecovery(settings: configuration.adapterRecovery)
     }
 
     /// SIGHUP: take the new allowlist and lab-mode switch. Sessions with peripherals no longer allowed are
@@ -146,6 +152,7 @@ public actor GatewayDaemon {
         liveViewFile.remove()  // no daemon, no live view: `ferry status` says it is not running
         storageWatch.cancel()
         await storageWatch.value
+        if let unrecoverable { throw unrecoverable }
     }
 
     private func beginStop() {
@@ -256,6 +263,19 @@ public actor GatewayDaemon {
                 }
             }
             if adapter == nil { metrics?.adapter(powered: false) }
+            if let client, await client.objects.isServiceAvailable {
+                // Only while bluetoothd is there: its absence is not the controller's fault (BlueZClient waits).
+                let usable: Bool
+                if let adapter { usable = await adapter.isPowered() } else { usable = false }
+                _ = recovery.adapter(usable: usable, now: now)
+                // The adapter object vanished (controller gone from the kernel, bluetoothd dropped it): look it up
+                // afresh next time, a power cycle or reset may bring it back under the same name.
+                if let current = adapter, await client.objects.properties(current.path, BlueZInterface.adapter) == nil {
+                    adapter = nil
+                }
+            }
+            let action = recovery.tick(now: now, peripheralsDue: !scheduler.peripherals.isEmpty)
+            await recover(action, client: client, adapter: adapter, adapterName: adapter?.name ?? configuration.adapter)
             publishStatus(adapter: adapter?.name)
             publishLiveView(adapter: adapter?.name)
             // Polling keeps the loop simple and obviously bounded; 250 ms is invisible next to a connect (≥ 0.3 s).
@@ -263,6 +283,94 @@ public actor GatewayDaemon {
         }
         await discoveryLease?.release()
         await agent?.unregister()
+    }
+
+    // MARK: adapter recovery
+
+    /// Carries out what AdapterRecovery asked for, logging and counting every step.
+    private func recover(_ action: AdapterRecovery.Action, client: BlueZClient?, adapter: BlueZAdapter?, adapterName: String?) async {
+        switch action {
+        case .none:
+            break
+        case .recovered(let step):
+            metrics?.adapterRecovered()
+            metrics?.adapter(wedged: false)
+            log.log(.notice, "adapter recovery: connects work again after the \(step.rawValue.replacingOccurrences(of: "_", with: " "))")
+        case .givingUp(let until):
+            metrics?.adapter(wedged: true)
+            log.log(
+                .warning,
+                "adapter recovery: connects still fail after a power cycle and an HCI reset; the peripherals may all "
+                    + "be out of range or off. Not restarting for that; trying again in "
+                    + "\(Int((until - clock.now()).rounded())) s")
+        case .perform(let step, let evidence):
+            metrics?.adapter(wedged: true)
+            metrics?.adapterRecoveryStep(step)
+            let name = adapterName ?? "hci0"
+            var controllerFailed = false
+            let why = evidence == .adapterUnusable
+                ? "adapter \(name) missing or not powered for \(Int(configuration.adapterRecovery.adapterMissingSeconds)) s"
+                : "every connect failed for \(Int(configuration.adapterRecovery.wedgedAfterSeconds)) s"
+            switch step {
+            case .powerCycle:
+                log.log(.warning, "adapter recovery: \(why): power cycling \(name) through bluetoothd")
+                if let adapter {
+                    controllerFailed = await !powerCycle(adapter)
+                } else {
+                    log.log(.warning, "adapter recovery: \(name) is not on bluetoothd's bus: nothing to power cycle")
+                }
+            case .hciReset:
+                log.log(.warning, "adapter recovery: \(why): resetting \(name) through the kernel (HCI reset)")
+                // Off the actor: the ioctl blocks while the kernel resets the controller.
+                let failure = await Task.detached { () -> HCIReset.Failure? in
+                    do throws(HCIReset.Failure) { try HCIReset.reset(adapterName: name) } catch { return error }
+                    return nil
+                }.value
+                if let failure {
+                    log.log(.warning, "adapter recovery: \(failure)")
+                    // A timeout or I/O error is the controller's; a missing permission is the unit's.
+                    controllerFailed = ![EPERM, EACCES].contains(failure.errno)
+                } else {
+                    log.log(.notice, "adapter recovery: \(name) reset")
+                }
+                // The reset happens behind bluetoothd's and the kernel's management layer: measured in the test
+                // bed, discovery found nothing afterwards (the controller no longer scanned while both still
+                // believed it did). A power cycle through bluetoothd rebuilds that state from scratch.
+                if let adapter, !(await powerCycle(adapter)) { controllerFailed = true }
+            case .exit:
+                log.log(
+                    .error,
+                    "adapter recovery: \(why) after a power cycle"
+                        + (configuration.adapterRecovery.hciReset ? " and an HCI reset" : "")
+                        + ": exiting non-zero so the service manager restarts ferry")
+                unrecoverable = AdapterUnrecoverable(adapter: name)
+                beginStop()
+            }
+            _ = recovery.stepFinished(now: clock.now(), controllerFailed: controllerFailed)
+        }
+    }
+
+    /// Powered off, 1 s, on. The power-on is tried even when the power-off failed: a wedged controller may
+    /// refuse the first (measured in the test bed: "Authentication Failed" after the kernel's command timeouts)
+    /// and still be brought back by the HCI_Reset the kernel sends when powering on.
+    /// True when both halves worked.
+    private func powerCycle(_ adapter: BlueZAdapter) async -> Bool {
+        var ok = true
+        do {
+            try await adapter.setPowered(false)
+        } catch {
+            ok = false
+            log.log(.warning, "adapter recovery: powering \(adapter.name) off failed: \(error)")
+        }
+        try? await Task.sleep(nanoseconds: 1_000_000_000)
+        do {
+            try await adapter.setPowered(true)
+            log.log(.notice, "adapter recovery: \(adapter.name) powered " + (ok ? "off and on again" : "on"))
+        } catch {
+            ok = false
+            log.log(.warning, "adapter recovery: powering \(adapter.name) on failed: \(error)")
+        }
+        return ok
     }
 
     // MARK: supervision
@@ -312,7 +420,7 @@ public actor GatewayDaemon {
                     peripheral: address.string,
                     phase: session.control == nil ? "connecting" : (session.staysConnected ? "live" : "syncing"),
                     seconds: 0)
-            })
+            }, adapterRecovery: recovery.phase)
         if let written = liveViewWritten, written.view == view, now - written.at < 10 { return }
         var stamped = view
         stamped.updatedAt = SystemWallClock().nowMillis()
@@ -489,6 +597,12 @@ public actor GatewayDaemon {
     private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
         sessions[address] = nil
         if sessions.isEmpty { resumeDrainWaiters() }
+        if result.connectSeconds != nil || result.summary != nil {
+            let action = recovery.connectSucceeded(now: clock.now())
+            if action != .none { Task { await self.recover(action, client: nil, adapter: nil, adapterName: nil) } }
+        } else if result.connectFailed {
+            _ = recovery.connectFailed(now: clock.now())
+        }
         metrics?.sessionEnded(result)
         metrics?.slotsInUse(sessions.count)
         scheduler.finished(address, outcome: result.outcome, now: clock.now())
@@ -613,6 +727,17 @@ struct SessionResult: Sendable {
     var bondMissingAfterConnect = false
     /// Seconds from the start to a resolved Sync service, when the connect got that far (metrics).
     var connectSeconds: Double?
+    /// Device1.Connect (with its discovery) failed: adapter recovery's evidence.
+    var connectFailed = false
+}
+
+/// Adapter recovery ran out of steps with the adapter unusable: the daemon stopped so the service manager
+/// restarts it (exit status 1).
+public struct AdapterUnrecoverable: Error, CustomStringConvertible, Sendable {
+    public var adapter: String
+    public var description: String {
+        "adapter \(adapter) unusable after a power cycle and an HCI reset; exiting so the service manager restarts ferry"
+    }
 }
 
 /// One slot's work: connect, run the sync session, report. Everything it logs names the peripheral.
@@ -644,7 +769,9 @@ struct SessionWorker: Sendable {
                 policy: &retry, connectTimeout: .milliseconds(Int64(settings.connectTimeout * 1000)))
         } catch {
             if !Task.isCancelled { log.log(.warning, "connect failed: \(error)") }
-            return SessionResult(outcome: Task.isCancelled ? .interrupted(backlog: nil) : .failed)
+            return Task.isCancelled
+                ? SessionResult(outcome: .interrupted(backlog: nil))
+                : SessionResult(outcome: .failed, connectFailed: true)
         }
         // The bond checked before connecting may be gone now (removed by someone, or a different device
         // answered at the address): a clear-link GATT access would make bluetoothd pair by itself.

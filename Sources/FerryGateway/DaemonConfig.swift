@@ -72,6 +72,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var uplink = UplinkSettings()
     /// The metrics/health HTTP endpoint (off when nil). Loopback unless the operator writes another address.
     public var metricsListen: ListenAddress?
+    /// Detecting a wedged controller and the power cycle → HCI reset → exit ladder (`adapter_recovery`).
+    public var adapterRecovery = AdapterRecoverySettings()
 
     public init() {}
 
@@ -108,7 +110,11 @@ public struct DaemonConfiguration: Sendable, Equatable {
         "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default", "require_bond",
         "max_connections", "sync_interval_seconds", "backoff_base_seconds", "backoff_cap_seconds", "window",
         "connect_timeout_seconds", "disk_budget_bytes", "retention_hours", "shutdown_grace_seconds", "log_level",
-        "uplink", "no_progress_seconds", "max_session_seconds", "metrics_listen",
+        "uplink", "no_progress_seconds", "max_session_seconds", "metrics_listen", "adapter_recovery",
+    ]
+    static let adapterRecoveryKeys: Set<String> = [
+        "enabled", "wedged_after_seconds", "min_failures", "adapter_missing_seconds", "verify_seconds",
+        "cooldown_seconds", "hci_reset",
     ]
     static let uplinkKeys: Set<String> = [
         "endpoint", "token_file", "gateway_id", "max_in_flight", "batch_events", "timeout_seconds", "max_retries",
@@ -190,6 +196,24 @@ public struct DaemonConfiguration: Sendable, Equatable {
             c.uplink.caFile = try r.string("ca_file")
             c.uplink.clientCert = try r.string("client_cert")
             c.uplink.clientKey = try r.string("client_key")
+        }
+        if let recovery = object["adapter_recovery"], recovery != .null {
+            guard case .object(let a) = recovery else {
+                throw ConfigError(key: "adapter_recovery", problem: "must be an object")
+            }
+            for key in a.keys.sorted() where !adapterRecoveryKeys.contains(key) {
+                throw ConfigError(
+                    key: "adapter_recovery.\(key)",
+                    problem: "unknown key (known: \(adapterRecoveryKeys.sorted().joined(separator: ", ")))")
+            }
+            let r = Reader(object: a, prefix: "adapter_recovery.")
+            if let v = try r.bool("enabled") { c.adapterRecovery.enabled = v }
+            if let v = try r.number("wedged_after_seconds", 10...86_400) { c.adapterRecovery.wedgedAfterSeconds = v }
+            if let v = try r.integer("min_failures", 1...10_000) { c.adapterRecovery.minFailures = v }
+            if let v = try r.number("adapter_missing_seconds", 5...86_400) { c.adapterRecovery.adapterMissingSeconds = v }
+            if let v = try r.number("verify_seconds", 5...86_400) { c.adapterRecovery.verifySeconds = v }
+            if let v = try r.number("cooldown_seconds", 60...604_800) { c.adapterRecovery.cooldownSeconds = v }
+            if let v = try r.bool("hci_reset") { c.adapterRecovery.hciReset = v }
         }
         return c
     }

@@ -24,6 +24,9 @@ public enum FerryMetric {
     public static let diskBudget = "ferry_store_disk_budget_bytes"
     public static let storeReadable = "ferry_store_readable"
     public static let adapterPowered = "ferry_adapter_powered"
+    public static let adapterRecoverySteps = "ferry_adapter_recovery_steps_total"
+    public static let adapterRecoveries = "ferry_adapter_recoveries_total"
+    public static let adapterWedged = "ferry_adapter_wedged"
 
     /// Connect latency buckets (seconds): a good link connects in well under a second, a busy or distant one
     /// in a few, and `connect_timeout_seconds` (35 by default) bounds the rest.
@@ -51,6 +54,16 @@ public enum FerryMetric {
             buckets: connectBuckets)
         r.declare(adapterPowered, .gauge, help: "1 while the Bluetooth adapter is found and powered, else 0.")
         r.set(adapterPowered, 0)
+        r.declare(
+            adapterRecoverySteps, .counter,
+            help: "Adapter recovery steps taken (power_cycle, hci_reset, exit) by the evidence that called for them.")
+        for step in AdapterRecovery.Step.allCases {
+            r.add(adapterRecoverySteps, 0, labels: MetricsRegistry.Labels(["step": step.rawValue]))
+        }
+        r.declare(adapterRecoveries, .counter, help: "Connects working again after an adapter recovery step, by the step.")
+        r.add(adapterRecoveries, 0)
+        r.declare(adapterWedged, .gauge, help: "1 while adapter recovery judges the controller wedged (a step is running or being verified, or cooling down), else 0.")
+        r.set(adapterWedged, 0)
         r.declare(slotsInUse, .gauge, help: "Connection slots held by sessions (connecting or connected).")
         r.set(slotsInUse, 0)
         r.declare(slots, .gauge, help: "Connection slots configured (max_connections).")
@@ -143,8 +156,14 @@ public struct LiveView: Codable, Sendable, Equatable {
     public var slotsInUse: Int
     public var maxConnections: Int
     public var sessions: [Session]
+    /// Adapter recovery's phase (`AdapterRecovery.phase`); nil in files written before it existed.
+    public var adapterRecovery: String?
 
-    public init(pid: Int32, updatedAt: Int64, adapter: String?, slotsInUse: Int, maxConnections: Int, sessions: [Session]) {
+    public init(
+        pid: Int32, updatedAt: Int64, adapter: String?, slotsInUse: Int, maxConnections: Int, sessions: [Session],
+        adapterRecovery: String? = nil
+    ) {
+        self.adapterRecovery = adapterRecovery
         self.pid = pid
         self.updatedAt = updatedAt
         self.adapter = adapter
@@ -158,6 +177,7 @@ public struct LiveView: Codable, Sendable, Equatable {
         case updatedAt = "updated_at"
         case slotsInUse = "slots_in_use"
         case maxConnections = "max_connections"
+        case adapterRecovery = "adapter_recovery"
     }
 
     /// The file's JSON, written through FerryCore's one writer: keys sorted, as the file always had them, and
@@ -216,6 +236,18 @@ public final class GatewayMetrics: SessionMetrics {
 
     func adapter(powered: Bool) {
         registry.withLock { $0.set(FerryMetric.adapterPowered, powered ? 1 : 0) }
+    }
+
+    func adapterRecoveryStep(_ step: AdapterRecovery.Step) {
+        registry.withLock { $0.add(FerryMetric.adapterRecoverySteps, labels: MetricsRegistry.Labels(["step": step.rawValue])) }
+    }
+
+    func adapterRecovered() {
+        registry.withLock { $0.add(FerryMetric.adapterRecoveries) }
+    }
+
+    func adapter(wedged: Bool) {
+        registry.withLock { $0.set(FerryMetric.adapterWedged, wedged ? 1 : 0) }
     }
 
     func slotsInUse(_ count: Int) {

@@ -60,6 +60,12 @@ public enum PeripheralScan {
             }
         }
         defer { watcher.cancel() }
+        // Objects that exist now were not heard by this scan unless they change; any that appear later were (read
+        // from the tree as well as from the events, which the watcher may not have taken yet).
+        let known = Set(await client.objects.snapshot.byPath.keys)
+        let heardNow = { @Sendable (objects: BlueZObjects) -> Set<String> in
+            heard.withLock { $0 }.union(objects.byPath.keys.filter { !known.contains($0) })
+        }
         let lease = try await client.discovery(on: adapter).acquire()
         let clock = ContinuousClock()
         let end = clock.now + .milliseconds(Int64(seconds * 1000))
@@ -67,19 +73,42 @@ public enum PeripheralScan {
         do {
             while clock.now < end {
                 try Task.checkCancellation()
-                found = inRange(await client.objects.snapshot, adapterPath: adapter.path, heard: heard.withLock { $0 })
+                let objects = await client.objects.snapshot
+                found = inRange(objects, adapterPath: adapter.path, heard: heardNow(objects))
                 let left = end - clock.now
                 progress(found.count, max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18))
                 try await Task.sleep(for: min(.milliseconds(500), max(.zero, left)))
             }
-            // Read before releasing: stopping discovery clears the RSSIs.
-            found = inRange(await client.objects.snapshot, adapterPath: adapter.path, heard: heard.withLock { $0 })
+            // bluetoothd may not have announced what it found yet (its signals and its answers wait for an idle
+            // main loop, which a flood of advertising reports starves): ask for its tree, which also waits until it
+            // caught up. Before releasing: stopping discovery clears the RSSIs. Bounded: a bluetoothd too busy to
+            // answer within 10 s is asked again once discovery stopped.
+            let fresh = await resync(client, timeout: .seconds(10))
+            let objects = await client.objects.snapshot
+            found = inRange(objects, adapterPath: adapter.path, heard: heardNow(objects))
+            await lease.release()
+            if !fresh {
+                // Discovery has stopped, so bluetoothd catches up; what it found now shows (without RSSI).
+                _ = await resync(client, timeout: .seconds(10))
+                let objects = await client.objects.snapshot
+                let late = inRange(objects, adapterPath: adapter.path, heard: heardNow(objects))
+                found += late.filter { peripheral in !found.contains { $0.address == peripheral.address } }
+            }
         } catch {
             await lease.release()
             throw error
         }
-        await lease.release()
         return found
+    }
+
+    /// True when the cache now reflects bluetoothd's tree; a timeout or error leaves it as it was.
+    private static func resync(_ client: BlueZClient, timeout: Duration) async -> Bool {
+        do {
+            try await client.objects.resync(timeout: timeout)
+            return true
+        } catch {
+            return false
+        }
     }
 
     /// Device1 properties that change when an advertisement is received.

@@ -78,6 +78,16 @@ import Testing
         let text = ferry("status", "--db", db).stdout
         #expect(text.contains("daemon: running (pid \(getpid())), adapter hci0, 1 of 3 slots in use"))
         #expect(text.contains("  AA:BB:CC:DD:EE:01: syncing for 13 s") || text.contains("  AA:BB:CC:DD:EE:01: syncing for 12 s"))
+        #expect(daemon["adapter_recovery"] is NSNull)  // a file from before adapter recovery existed
+        // Adapter recovery at work: named in the daemon line and the JSON.
+        let now = Int64(Date().timeIntervalSince1970 * 1000)
+        try (#"{"adapter":"hci0","adapter_recovery":"verifying_power_cycle","max_connections":3,"pid":\#(getpid()),"#
+            + #""sessions":[],"slots_in_use":0,"updated_at":\#(now)}"#)
+            .write(toFile: dir.file("ferry-live.json"), atomically: true, encoding: .utf8)
+        #expect(ferry("status", "--db", db).stdout.contains(
+            "daemon: running (pid \(getpid())), adapter hci0 (adapter recovery: verifying_power_cycle), 0 of 3 slots in use"))
+        let recovering = try #require(try ferry("status", "--db", db, "--json").json()["daemon"] as? [String: Any])
+        #expect(recovering["adapter_recovery"] as? String == "verifying_power_cycle")
         try live(pid: getpid(), ageMillis: 60_000)  // not rewritten for a minute: the daemon is gone
         #expect(ferry("status", "--db", db).stdout.contains("daemon: not running on this store"))
         try live(pid: Int32.max, ageMillis: 0)  // fresh, but no such process (SIGKILLed daemon)

@@ -22,6 +22,8 @@ final class FakeBlueZ: Sendable {
         var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
         var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
         var deviceAppearsOnDiscovery = false
+        /// Set Adapter1.Powered true fails (a controller that does not come back).
+        var refusePowerOn = false
         var agents: [(sender: String, path: String, capability: String)] = []
         /// What Device1.Pair does (bluetoothd + the peripheral's SMP, reduced to the agent dialogue).
         var pairing: PairBehaviour = .justWorks
@@ -140,6 +142,13 @@ final class FakeBlueZ: Sendable {
             arguments: [.objectPath(path), Self.encode(interfaces)])
     }
 
+    /// The object exists (GetManagedObjects and method calls see it) but its InterfacesAdded is not sent: a
+    /// bluetoothd whose main loop is too busy to run the idle callback that flushes its signals.
+    func addObjectUnannounced(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
+        state.withLock { $0.tree[path, default: [:]].merge(interfaces) { _, new in new } }
+        try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
+    }
+
     func removeObject(_ path: String) throws {
         let names = state.withLock { s -> [String] in
             let names = s.tree[path].map { Array($0.keys).sorted() } ?? []
@@ -249,6 +258,11 @@ final class FakeBlueZ: Sendable {
         case (BlueZInterface.properties, "Set"):
             guard call.arguments.count == 3, let interface = call.arguments[0].string, let name = call.arguments[1].string
             else { return fail("org.bluez.Error.InvalidArguments", "Invalid arguments") }
+            if interface == BlueZInterface.adapter, name == "Powered", call.arguments[2].unwrapped == .bool(true),
+                state.withLock({ $0.refusePowerOn })
+            {
+                return fail("org.bluez.Error.Failed", "Failed")
+            }
             try? setProperty(call.path, interface, name, call.arguments[2].unwrapped)
             return .reply([])
         case ("org.bluez.AgentManager1", "RegisterAgent"):

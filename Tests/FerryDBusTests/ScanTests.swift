@@ -92,6 +92,33 @@ import Testing
         #expect(counts == counts.sorted() && counts.last == 4)
     }
 
+    /// Regression (issue 15, `ferry scan` listed nothing in 2–3 of 5 bed runs): bluetoothd creates the device
+    /// objects at once but announces them only when its busy main loop goes idle (in the bed ~20 s later, after
+    /// discovery stopped). The scan must read the tree itself rather than wait for InterfacesAdded.
+    @Test func listsPeripheralsBluetoothdHasNotAnnouncedYet() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus, tree: FakeBlueZ.adapterOnly())
+        defer { fake.stop() }
+        let client = try await BlueZClient(connection: try await bus.connect())
+        let adapter = try await client.adapter(named: nil)
+        let appear = Task {
+            // After StartDiscovery, as bluetoothd does on the first advertising report.
+            try await client.objects.waitUntil(timeout: .seconds(10)) {
+                $0.properties(FakeBlueZ.adapterPath, BlueZInterface.adapter)?["Discovering"]?.bool == true
+            }
+            let (path, interfaces) = Self.device("02", [
+                "AddressType": .string("random"), "RSSI": .int16(-50), "UUIDs": .strings([SyncProfile.serviceUUID]),
+            ])
+            try fake.addObjectUnannounced(path, interfaces)
+        }
+        let found = try await PeripheralScan.run(client: client, adapter: adapter, seconds: 1)
+        try await appear.value
+        #expect(found == [
+            ScannedPeripheral(address: "C0:FF:EE:00:00:02", addressType: "random", rssi: -50, name: nil,
+                paired: false, bonded: false, trusted: false)
+        ])
+    }
+
     @Test func theBinaryPrintsJSONAndATableAndOneLineErrors() async throws {
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus, tree: Self.knownTree(rssi: -55))

@@ -80,6 +80,18 @@ import Testing
         #expect(error(#"{"metrics_listen": "127.0.0.1"}"#)?.description.contains("127.0.0.1:9464") == true)
     }
 
+    @Test func adapterRecoveryDefaultsAndKeys() throws {
+        #expect(try parse("{}").adapterRecovery == AdapterRecoverySettings())
+        let c = try parse(
+            #"{"adapter_recovery": {"enabled": false, "wedged_after_seconds": 60, "min_failures": 2, "adapter_missing_seconds": 10, "verify_seconds": 30, "cooldown_seconds": 600, "hci_reset": false}}"#)
+        #expect(c.adapterRecovery == AdapterRecoverySettings(
+            enabled: false, wedgedAfterSeconds: 60, minFailures: 2, adapterMissingSeconds: 10, verifySeconds: 30,
+            cooldownSeconds: 600, hciReset: false))
+        #expect(error(#"{"adapter_recovery": {"wedged_after": 60}}"#)?.key == "adapter_recovery.wedged_after")
+        #expect(error(#"{"adapter_recovery": {"verify_seconds": 1}}"#)?.key == "adapter_recovery.verify_seconds")
+        #expect(error(#"{"adapter_recovery": true}"#)?.key == "adapter_recovery")
+    }
+
     @Test func fullFile() throws {
         let c = try parse(
             """

@@ -4,6 +4,7 @@
 # the last one is the stranger (advertises the Sync UUID, is NOT on the allowlist), the others are allowed.
 #
 # MODE ci (default), one boot:
+#   0  `ferry scan --json` lists every peripheral of the bed
 #   A  throughput: ferry run drains K buffered events per allowed peripheral → figures (time to drain, rates)
 #   A" metrics_listen (issue 15): /metrics right after the drain has ferry_frames_stored_total equal to the
 #      store's and the backend's frames, /healthz 200, 404 elsewhere; ferry status shows the live view
@@ -76,6 +77,12 @@ json.dump({
     "metrics_listen": "127.0.0.1:9464",
 }, open(config, "w"), indent=2)
 EOF
+
+# --- ferry scan (issue 15): lists every peripheral of the bed (all advertise the Sync UUID, the stranger too).
+# Back since the scan reads bluetoothd's tree at its end: the bed's bluetoothd announces new devices only
+# after discovery stops (its signals wait for an idle main loop), which made the scan list nothing.
+ALL_CSV=$(IFS=,; echo "${ALL[*]}")
+"$FERRY" scan --timeout 10 --json 2>"$R/scan.err" | tee "$R/scan.json" | $CHECK scan --expect "$ALL_CSV" | tee -a "$CHECKS"
 
 # --- systemd's notify socket (issue 15): every ferry run below reports to a listener as it would to systemd
 NOTIFY_SOCKET_PATH="$S/notify.sock"

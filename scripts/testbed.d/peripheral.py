@@ -880,10 +880,44 @@ def make_link_and_controller_classes():
             super().send_acl_data(sender_controller, destination_address, transport, data)
 
     class KernelFacingController(Controller):
+        # A wedged controller (control `wedge hci0 [forever]`): every HCI packet from the kernel is ignored
+        # and nothing is sent to it (commands time out, no advertising reports, no connections), while
+        # bluetoothd still calls it powered. `heal-on-reset`: an HCI_Reset (a power-on through bluetoothd, the
+        # kernel's HCIDEVRESET) brings it back, as it does many real ones; `forever`: nothing does.
+        wedged: str | None = None
+        wedge_stats = {"wedged": None, "dropped_from_host": 0, "dropped_to_host": 0, "healed_by_reset": 0}
+        wedge_stats_path: str | None = None
+
+        def set_wedged(self, mode: str | None) -> None:
+            self.wedged = mode
+            self.wedge_stats["wedged"] = mode
+            self.write_wedge_stats()
+
+        def write_wedge_stats(self) -> None:
+            if self.wedge_stats_path:
+                tmp = self.wedge_stats_path + ".tmp"
+                with open(tmp, "w") as f:
+                    json.dump(self.wedge_stats, f)
+                os.replace(tmp, self.wedge_stats_path)
+
+        def on_hci_packet(self, packet):
+            if self.wedged is not None:
+                if self.wedged == "heal-on-reset" and isinstance(packet, hci.HCI_Reset_Command):
+                    log.warning("controller: HCI_Reset while wedged: answering again")
+                    self.wedge_stats["healed_by_reset"] += 1
+                    self.set_wedged(None)
+                else:
+                    self.wedge_stats["dropped_from_host"] += 1
+                    return
+            super().on_hci_packet(packet)
+
         # Linux 6.1 unmasks LE Enhanced Connection Complete (LE event mask bit 9) and waits
         # for it; bumble only sends the legacy event, which leaves the kernel's connect
         # pending until it times out (then every later Connect fails with EBUSY).
         def send_hci_packet(self, packet):
+            if self.wedged is not None:
+                self.wedge_stats["dropped_to_host"] += 1
+                return
             if isinstance(packet, hci.HCI_LE_Connection_Complete_Event) and (self.le_event_mask >> 9) & 1:
                 packet = hci.HCI_LE_Enhanced_Connection_Complete_Event(
                     status=packet.status, connection_handle=packet.connection_handle, role=packet.role,
@@ -899,7 +933,7 @@ def make_link_and_controller_classes():
     return RoutingLink, KernelFacingController
 
 
-def control_reader(path: str, loop, peripherals: dict[str, SyncPeripheral]) -> None:
+def control_reader(path: str, loop, peripherals: dict[str, SyncPeripheral], controller=None) -> None:
     """Thread: line commands from a FIFO, e.g. `restart C0:FF:EE:00:00:01` or `add all 100`."""
     fd = os.open(path, os.O_RDWR)  # RDWR: no EOF when the last writer closes
     with os.fdopen(fd, "r") as f:
@@ -910,6 +944,11 @@ def control_reader(path: str, loop, peripherals: dict[str, SyncPeripheral]) -> N
                     log.warning("control: expected 'COMMAND ADDR|all [ARG]', got %r", line)
                 continue
             cmd, target, rest = words[0], words[1].upper(), words[2:]
+            if cmd in ("wedge", "unwedge") and controller is not None:
+                mode = None if cmd == "unwedge" else ("forever" if rest[:1] == ["forever"] else "heal-on-reset")
+                log.warning("control: controller %s: wedged=%s", target, mode)
+                loop.call_soon_threadsafe(controller.set_wedged, mode)
+                continue
             targets = list(peripherals.values()) if target == "ALL" else [peripherals.get(target)]
             for p in targets:
                 if p is None:
@@ -951,7 +990,10 @@ async def run(args, faults, pairings) -> None:
         p.write_stats()
     loop = asyncio.get_running_loop()
     if args.control:
-        threading.Thread(target=control_reader, args=(args.control, loop, peripherals), daemon=True).start()
+        kernel_controller.wedge_stats_path = os.path.join(args.stats_dir, "controller.json")
+        kernel_controller.write_wedge_stats()
+        threading.Thread(
+            target=control_reader, args=(args.control, loop, peripherals, kernel_controller), daemon=True).start()
     if args.ready_file:
         with open(args.ready_file, "w") as f:
             f.write(" ".join(peripherals) + "\n")
