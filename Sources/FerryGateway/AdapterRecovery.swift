@@ -80,8 +80,10 @@ public struct AdapterRecovery: Sendable, Equatable {
     public private(set) var adapterUnusableSince: Double?
     /// The last step performed and when it ended, for the escalation across episodes.
     public private(set) var lastStep: LastStep?
-    /// A step failed because of the controller itself (bluetoothd could not power it off or on, the kernel's
-    /// HCI reset timed out): HCI errors, strong evidence like an unusable adapter. Cleared by a successful connect.
+    /// The last step failed because of the controller itself (bluetoothd could not power it off or on, the
+    /// kernel's HCI reset timed out): HCI errors, strong evidence like an unusable adapter. A later step the
+    /// controller answered, or a successful connect, clears it (measured in the bed: a controller that refused
+    /// the power-off answered the HCI reset and came back).
     public private(set) var controllerFailed = false
     public struct LastStep: Sendable, Equatable {
         public var step: Step
@@ -149,7 +151,7 @@ public struct AdapterRecovery: Sendable, Equatable {
     /// answer (not for want of a permission), which makes the evidence strong.
     public mutating func stepFinished(now: Double, controllerFailed failed: Bool = false) -> Action {
         guard case .performing(let step, let evidence) = state else { return .none }
-        if failed { controllerFailed = true }
+        controllerFailed = failed
         lastStep = LastStep(step: step, at: now)
         state = .verifying(step, evidence: evidence, at: now, failures: 0)
         return .none
@@ -175,7 +177,7 @@ public struct AdapterRecovery: Sendable, Equatable {
                 now - since >= settings.wedgedAfterSeconds
             else { return .none }
             return start(.connectsFailing, now: now)
-        case .verifying(let step, let evidence, let at, let failures):
+        case .verifying(let step, _, let at, let failures):
             guard now - at >= settings.verifySeconds else { return .none }
             let strong = unusable || controllerFailed
             let stillBad = strong || (peripheralsDue && failures > 0)
@@ -184,7 +186,9 @@ public struct AdapterRecovery: Sendable, Equatable {
                 state = .healthy(failingSince: nil, failures: 0)
                 return .none
             }
-            let nextEvidence: Evidence = strong ? .adapterUnusable : evidence
+            // Recomputed, not carried: a controller that answered the last step while connects still fail is the
+            // weak case again (which never ends in exit).
+            let nextEvidence: Evidence = strong ? .adapterUnusable : .connectsFailing
             return escalate(after: step, evidence: nextEvidence, now: now)
         }
     }
