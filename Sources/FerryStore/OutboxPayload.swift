@@ -41,20 +41,20 @@ public enum OutboxPayload: Sendable, Equatable {
             out.raw(#","epoch":"#)
             out.string(epoch)
         }
+        func seqs(_ first: UInt64, _ last: UInt64) {
+            out.raw(#","first_seq":"#)
+            out.decimal(first)
+            out.raw(#","last_seq":"#)
+            out.decimal(last)
+        }
         switch self {
         case .frames(let peripheral, let epoch, let first, let last, let count):
             start(peripheral, epoch)
-            out.raw(#","first_seq":"#)
-            out.decimal(first)
-            out.raw(#","last_seq":"#)
-            out.decimal(last)
+            seqs(first, last)
             out.raw(#","count":\#(count)"#)
         case .gap(let peripheral, let epoch, let first, let last, let detectedAt):
             start(peripheral, epoch)
-            out.raw(#","first_seq":"#)
-            out.decimal(first)
-            out.raw(#","last_seq":"#)
-            out.decimal(last)
+            seqs(first, last)
             out.raw(#","detected_at":"#)
             out.string(detectedAt)
         case .regression(let peripheral, let epoch, let cursor, let head, let newEpoch, let detectedAt):
