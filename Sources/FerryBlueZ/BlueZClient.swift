@@ -85,24 +85,48 @@ public final class BlueZClient: Sendable {
         return objects.properties(byPath, BlueZInterface.device) == nil ? nil : byPath
     }
 
+    /// How long discovery waits on bluetoothd's signals before reading its tree (see `discover`).
+    public static let discoveryWindow: Duration = .seconds(5)
+
     /// Runs discovery until a device with `address` (its `Address` property, or the path built from it)
     /// appears on `adapter`. Returns the device at its actual object path.
-    public func discover(address: String, on adapter: BlueZAdapter, timeout: Duration) async throws -> BlueZDevice {
+    ///
+    /// In windows: bluetoothd creates a device object as soon as it hears it, but announces it only when its
+    /// main loop is idle, which a flood of advertising reports can postpone past any timeout (measured in the
+    /// test bed: 7–20 s, sometimes longer than the whole discovery). So each window that ends without the
+    /// device asks for bluetoothd's tree (`BlueZDiscovery.catchUp`), which sees it however late the signals are.
+    public func discover(
+        address: String, on adapter: BlueZAdapter, timeout: Duration, window: Duration = discoveryWindow
+    ) async throws -> BlueZDevice {
         if let known = await knownDevice(address: address, on: adapter) { return known }
-        let lease = try await discovery(on: adapter).acquire()
-        let found: String
+        let discovery = discovery(on: adapter)
+        let lease = try await discovery.acquire()
+        let clock = ContinuousClock()
+        let deadline = clock.now + timeout
+        let probe: @Sendable (BlueZObjects) -> String? = { Self.devicePath(address: address, adapter: adapter, in: $0) }
         do {
-            found = try await objects.waitFor(timeout: timeout) { Self.devicePath(address: address, adapter: adapter, in: $0) }
+            while true {
+                let left = deadline - clock.now
+                do {
+                    let found = try await objects.waitFor(timeout: min(window, max(.zero, left)), probe)
+                    await lease.release()
+                    return BlueZDevice(path: found, cache: objects)
+                } catch let error as BlueZError where error.kind == .timeout {
+                    await discovery.catchUp(within: min(window, max(.milliseconds(500), deadline - clock.now)))
+                    if let found = probe(await objects.snapshot) {
+                        await lease.release()
+                        return BlueZDevice(path: found, cache: objects)
+                    }
+                    guard clock.now < deadline else { break }
+                }
+            }
         } catch {
             await lease.release()
-            if let error = error as? BlueZError, error.kind == .timeout {
-                // Whole seconds: "19.68951243 seconds" (Duration's description) reads like noise in a one-line error.
-                let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
-                throw BlueZError.notFound("device \(address) not seen within \(Int(seconds.rounded())) s of discovery")
-            }
             throw error
         }
         await lease.release()
-        return BlueZDevice(path: found, cache: objects)
+        // Whole seconds: "19.68951243 seconds" (Duration's description) reads like noise in a one-line error.
+        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
+        throw BlueZError.notFound("device \(address) not seen within \(Int(seconds.rounded())) s of discovery")
     }
 }

@@ -59,6 +59,7 @@ public actor BlueZDiscovery {
     private let log: DBusLogSink?
     private var restartWatcher: Task<Void, Never>?
     private var starting: Task<Void, any Error>?
+    private var catchingUp: Task<Void, Never>?
 
     public init(adapter: BlueZAdapter, serviceUUIDs: [String] = [SyncProfile.serviceUUID], log: DBusLogSink? = nil) {
         self.adapter = adapter
@@ -105,6 +106,45 @@ public actor BlueZDiscovery {
             log?("bluez: StopDiscovery on \(adapter.name): \(error)")
         } catch {
             log?("bluez: StopDiscovery on \(adapter.name): \(error)")
+        }
+    }
+
+    /// Brings the object cache up to bluetoothd's tree while discovery runs: a resync first; if bluetoothd is
+    /// too busy to answer within `within` (its calls, like its signals, wait for an idle main loop, which the
+    /// advertising flood of an active discovery starves), discovery pauses — stopping it ends the flood — for
+    /// one more resync, and starts again if anyone still needs it. Concurrent callers share one catch-up.
+    public func catchUp(within: Duration) async {
+        if let catchingUp {
+            await catchingUp.value
+            return
+        }
+        let attempt = Task { await catchUpOnce(within: within) }
+        catchingUp = attempt
+        await attempt.value
+        catchingUp = nil
+    }
+
+    private func catchUpOnce(within: Duration) async {
+        let cache = adapter.cache
+        do {
+            try await cache.resync(timeout: within)
+            return
+        } catch {
+            log?("bluez: \(adapter.name) did not answer GetManagedObjects within \(within) while discovering; pausing discovery to read its tree")
+        }
+        guard ledger.active else {
+            try? await cache.resync(timeout: .seconds(10))
+            return
+        }
+        do { try await adapter.stopDiscovery() } catch { log?("bluez: StopDiscovery on \(adapter.name): \(error)") }
+        do { try await cache.resync(timeout: .seconds(10)) } catch {
+            log?("bluez: GetManagedObjects on \(adapter.name) with discovery paused: \(error)")
+        }
+        // Released meanwhile (its StopDiscovery found nothing to stop): nobody needs discovery any more.
+        guard ledger.active else { return }
+        do { try await start() } catch {
+            ledger.startFailed()
+            log?("bluez: could not resume discovery on \(adapter.name): \(error)")
         }
     }
 

@@ -191,6 +191,48 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    /// bluetoothd creates the device object at once but may announce it only after discovery has ended (its
+    /// signals wait for an idle main loop): each window without the device reads the tree.
+    @Test func discoverFindsADeviceBluetoothdHasNotAnnounced() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        defer { fake.stop() }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let appear = Task {
+            try await client.objects.waitUntil(timeout: .seconds(10)) {
+                $0.properties(FakeBlueZ.adapterPath, BlueZInterface.adapter)?["Discovering"]?.bool == true
+            }
+            try fake.addObjectUnannounced(FakeBlueZ.devicePath, FakeBlueZ.deviceInterfaces())
+        }
+        let device = try await client.discover(
+            address: FakeBlueZ.deviceAddress, on: adapter, timeout: .seconds(20), window: .milliseconds(300))
+        try await appear.value
+        #expect(device.path == FakeBlueZ.devicePath)
+        #expect(await client.discovery(on: adapter).userCount == 0)
+    }
+
+    /// A bluetoothd too busy to answer GetManagedObjects while discovering: discovery pauses for the read
+    /// (stopping it ends the flood) and the device is found.
+    @Test func discoverPausesDiscoveryWhenBluetoothdIsTooBusyToAnswer() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        defer { fake.stop() }
+        fake.state.withLock {
+            $0.deviceAppearsOnDiscovery = true
+            $0.starvedWhileDiscovering = true
+        }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let device = try await client.discover(
+            address: FakeBlueZ.deviceAddress, on: adapter, timeout: .seconds(20), window: .milliseconds(300))
+        #expect(device.path == FakeBlueZ.devicePath)
+        let adapterCalls = fake.calls.filter { $0.hasPrefix("Adapter1.") }.map { $0.split(separator: " ")[0] }
+        #expect(Array(adapterCalls.prefix(3)) == ["Adapter1.SetDiscoveryFilter", "Adapter1.StartDiscovery", "Adapter1.StopDiscovery"])
+        #expect(adapterCalls.last == "Adapter1.StopDiscovery")
+        #expect(await client.discovery(on: adapter).userCount == 0)
+    }
+
     @Test func discoverReportsAnAbsentDeviceAsNotFound() async throws {
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus)

@@ -22,6 +22,10 @@ final class FakeBlueZ: Sendable {
         var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
         var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
         var deviceAppearsOnDiscovery = false
+        /// Announce nothing and leave GetManagedObjects unanswered while discovering: a bluetoothd whose main
+        /// loop an advertising flood keeps from its idle callbacks (signals and calls alike).
+        var starvedWhileDiscovering = false
+        var discovering = false
         /// Set Adapter1.Powered true fails (a controller that does not come back).
         var refusePowerOn = false
         var agents: [(sender: String, path: String, capability: String)] = []
@@ -249,6 +253,9 @@ final class FakeBlueZ: Sendable {
         state.withLock { $0.calls.append("\(call.interface.split(separator: ".").last ?? "").\(call.member) \(call.path)") }
         switch (call.interface, call.member) {
         case (BlueZInterface.objectManager, "GetManagedObjects"):
+            for _ in 0..<400 where state.withLock({ $0.starvedWhileDiscovering && $0.discovering }) {
+                try? await Task.sleep(for: .milliseconds(50))
+            }
             let tree = state.withLock { $0.tree }
             return .reply([
                 .dict(
@@ -278,11 +285,17 @@ final class FakeBlueZ: Sendable {
             return .reply([])
         case (BlueZInterface.adapter, "StartDiscovery"):
             try? setProperty(call.path, BlueZInterface.adapter, "Discovering", .bool(true))
-            if state.withLock({ $0.deviceAppearsOnDiscovery }) {
-                try? addObject(Self.devicePath, Self.deviceInterfaces())
+            let (appears, starved) = state.withLock { s -> (Bool, Bool) in
+                s.discovering = true
+                return (s.deviceAppearsOnDiscovery, s.starvedWhileDiscovering)
+            }
+            if appears {
+                if starved { try? addObjectUnannounced(Self.devicePath, Self.deviceInterfaces()) }
+                else { try? addObject(Self.devicePath, Self.deviceInterfaces()) }
             }
             return .reply([])
         case (BlueZInterface.adapter, "StopDiscovery"):
+            state.withLock { $0.discovering = false }
             try? setProperty(call.path, BlueZInterface.adapter, "Discovering", .bool(false))
             return .reply([])
         case (BlueZInterface.adapter, "RemoveDevice"):
