@@ -672,12 +672,19 @@ public actor GatewayDaemon {
         let poster = try UplinkHTTPPoster(configuration: http)
         let tokenFile = uplink.tokenFile.map { TokenFile(path: $0) }
         let log = self.log
-        if let health {
-            health.expect(.forwarder)
-            forwarding.onProgress = { _ in health.beat(.forwarder) }
-        }
+        health?.expect(.forwarder)
         let health = self.health
         let storageSignals = self.storageSignals
+        let eventsDelivered = LockedValue(0)
+        forwarding.onProgress = { report in
+            health?.beat(.forwarder)
+            // A new count (each forwarder run counts from 0): something went out that storage pressure may prune.
+            if eventsDelivered.withLock({ last in defer { last = report.eventsDelivered }; return last != report.eventsDelivered }),
+                report.eventsDelivered > 0
+            {
+                storageSignals.delivered()
+            }
+        }
         return Task {
             // The forwarder only ends on a store error; it is restarted so a transient error (disk full,
             // locked file) does not silently stop the uplink for the rest of the daemon's life.

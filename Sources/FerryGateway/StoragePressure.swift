@@ -50,6 +50,14 @@ public struct StorageGate: Sendable, Equatable {
         }
     }
 
+    /// The uplink delivered events while the gate is closed: delivered events are what can be pruned, so the
+    /// next check comes within `within` seconds instead of at the end of a backoff that grew while the uplink
+    /// was offline (up to the scheduler's cap: minutes of idle radio after the backlog had already gone out).
+    public mutating func delivered(now: Double, within: Double = 2) {
+        guard case .closed(let pressure, let checks, let next) = state, next > now + within else { return }
+        state = .closed(pressure, checks: checks, nextCheck: now + within)
+    }
+
     /// `pressure` after the watch made what room it could (nil: under budget with free space). `backoff(n)` is
     /// the wait after the n-th consecutive check that found pressure.
     public mutating func measured(
@@ -85,6 +93,7 @@ final class StorageSignals: Sendable {
 
     private let allowed = LockedValue(true)
     private let pending = LockedValue<Nudge?>(nil)
+    private let deliveredSinceCheck = LockedValue(false)
 
     var sessionsAllowed: Bool { allowed.withLock { $0 } }
     func setSessionsAllowed(_ value: Bool) { allowed.withLock { $0 = value } }
@@ -99,6 +108,16 @@ final class StorageSignals: Sendable {
     /// check, which must know that a write failed (that is when the reserve goes back).
     func keep(_ nudge: Nudge) {
         pending.withLock { if $0 != .diskFull { $0 = nudge } }
+    }
+
+    /// The uplink delivered events (the watch may have something to prune now).
+    func delivered() { deliveredSinceCheck.withLock { $0 = true } }
+
+    func takeDelivered() -> Bool {
+        deliveredSinceCheck.withLock { value in
+            defer { value = false }
+            return value
+        }
     }
 
     func takeNudge() -> Nudge? {
@@ -150,6 +169,7 @@ struct StorageWatch: Sendable {
     @discardableResult
     func tick(now: Double, gate: inout StorageGate, store: GatewayStore) throws -> Bool {
         let nudge = signals.takeNudge()
+        if signals.takeDelivered() { gate.delivered(now: now) }
         guard gate.isCheckDue(now: now, nudged: nudge != nil) else {
             // A nudge the closed gate does not act on must not leave sessions blocked by it.
             if nudge != nil { signals.setSessionsAllowed(gate.sessionsAllowed) }
@@ -202,12 +222,21 @@ struct StorageWatch: Sendable {
         // Sessions resume only with the reserve back in place (and the floor free), so that the next full disk
         // can be recovered from in the same way.
         let reserved = store.ensureReserve(bytes: reserve)
-        let free = store.freeBytes()
-        if relief.diskFull || !reserved || (free.map { $0 < floor } ?? false) {
-            return (.diskFull(free: free), relief.bytesAfter)
+        var free = store.freeBytes()
+        var after = relief.bytesAfter
+        // The WAL kept its blocks while the disk was full; if pruning gave the disk room again, they count
+        // against the budget for nothing (measured: a 69 KiB store with a 1.8 MiB WAL stayed "over budget" until
+        // the next check, minutes later on the backoff).
+        if lowOnSpace, reserved, let room = free, room >= floor + reserve {
+            _ = try? store.checkpointWAL(truncating: true)
+            after = try store.diskBytes()
+            free = store.freeBytes()
         }
-        if relief.bytesAfter > headroom { return (.overBudget(used: relief.bytesAfter, budget: budget), relief.bytesAfter) }
-        return (nil, relief.bytesAfter)
+        if relief.diskFull || !reserved || (free.map { $0 < floor } ?? false) {
+            return (.diskFull(free: free), after)
+        }
+        if after > headroom { return (.overBudget(used: after, budget: budget), after) }
+        return (nil, after)
     }
 
     private func report(_ transition: StorageGate.Transition) {

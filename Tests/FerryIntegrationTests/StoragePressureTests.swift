@@ -59,6 +59,12 @@ import Testing
             t += wait
         }
         #expect(waits == [4, 8, 16, 32, 64, 128, 256, 300, 300])
+        // The uplink delivers meanwhile: the next check comes within 2 s, not at the end of the 300 s backoff.
+        gate.delivered(now: t - 290)
+        #expect(gate.isCheckDue(now: t - 288, nudged: false))
+        #expect(!gate.isCheckDue(now: t - 288.5, nudged: false))
+        gate.delivered(now: t - 289)  // never later than already due
+        #expect(gate.isCheckDue(now: t - 288, nudged: false))
         #expect(gate.measured(nil, used: 900, now: t, backoff: scheduler.backoff(afterFailures:)) == .reopened(used: 900))
         #expect(gate.sessionsAllowed)
         #expect(!gate.isCheckDue(now: t + 4, nudged: false))
