@@ -901,6 +901,13 @@ def make_link_and_controller_classes():
                 os.replace(tmp, self.wedge_stats_path)
 
         def on_hci_packet(self, packet):
+            if isinstance(packet, hci.HCI_Reset_Command):
+                # bumble's HCI_Reset leaves its state as it was ("TODO: cleanup"); a real controller stops scanning
+                # and forgets a pending LE connect. Without this, a reset during a scan left le_scan_enable set and
+                # every later LE Set Scan Parameters failed with Command Disallowed: discovery ended the moment it
+                # started, so a healed controller still found nothing.
+                self.le_scan_enable = False
+                self.pending_le_connection = None
             if self.wedged is not None:
                 if self.wedged == "heal-on-reset" and isinstance(packet, hci.HCI_Reset_Command):
                     log.warning("controller: HCI_Reset while wedged: answering again")
