@@ -333,9 +333,10 @@ public actor GatewayDaemon {
                 } else {
                     log.log(.notice, "adapter recovery: \(name) reset")
                 }
-                // The reset happens behind bluetoothd's and the kernel's management layer: measured in the test
-                // bed, discovery found nothing afterwards (the controller no longer scanned while both still
-                // believed it did). A power cycle through bluetoothd rebuilds that state from scratch.
+                // As `hciconfig hciN reset` follows its reset with down and up: HCIDEVRESET sends HCI_Reset but
+                // not the configuration the kernel gives a controller at power-on (event masks, scan settings),
+                // while the kernel's and bluetoothd's view of it (scanning, discovering) stays as it was. A power
+                // cycle through bluetoothd rebuilds both from scratch.
                 if let adapter, !(await powerCycle(adapter)) { controllerFailed = true }
             case .exit:
                 log.log(
