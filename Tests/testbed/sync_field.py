@@ -15,14 +15,15 @@
     `ferry pair --address <RPA>` bonds it (the pairing distributes the IRK and the static identity address);
     `ferry run` (require_bond) then finds it by its identity address although BlueZ's object path still
     names the RPA, and drains it over the encrypted link.
- d. storage pressure (issue 12 item 3): the store of a..c (every event still PENDING: no uplink so far) gets
+ d. storage pressure (issue 12 item 3): the store of a and c (every event still PENDING: no uplink so far) gets
     FILL_FRAMES x FILL_PAYLOAD bytes more from `ferry ingest` (an offline gateway's backlog), so it is several
     times over a 1 MiB `disk_budget_bytes`. `ferry run` with P1 and P2 holding MORE_D new events each and its
     uplink pointed at a closed loopback port (offline): over WINDOW_D s the gate holds the radio (a handful of
     connections at most, not one every ~2 s per peripheral), one `no new sessions` line. Then the reference
     backend starts on that port: the uplink drains, storage pressure prunes what was delivered, one `room again`
-    line, sessions resume, and every event of a..d (P1..P4 and the ingested backlog) is in the backend exactly
-    once with its bytes, acknowledged, and the outbox has nothing undelivered. The disk is really full too: the
+    line, sessions resume, and every event of a, c and d (P1, P2, P4 and the ingested backlog) is in the backend exactly
+    once with its bytes, acknowledged, and the outbox has nothing undelivered.
+    (Runs a, c, d, b: see guest() for why b comes last.) The disk is really full too: the
     store is copied onto its own small tmpfs, and once the gate has closed a file fills that file system to
     the last byte (ENOSPC; SQLite gets SQLITE_FULL). ferry run must give back its reserve, survive, and recover
     once delivery lets it prune (the store's own shrinking is the space that returns). The filled disk is
@@ -369,7 +370,7 @@ def fill_disk(directory: str, leave: int) -> int:
 
 def scenario_d(c: b.Checks, peers: list[str], p1: str, p2: str, old_state_dir: str, old_db: str) -> None:
     sp = b.syncproto()
-    # The store of a..c, moved onto a file system of its own that can really fill up.
+    # The store of a and c, moved onto a file system of its own that can really fill up.
     import shutil
     import sqlite3
     state_dir = os.path.join(b.scratch(), "state-d")
@@ -439,7 +440,7 @@ def scenario_d(c: b.Checks, peers: list[str], p1: str, p2: str, old_state_dir: s
                                 "--host", "127.0.0.1", "--port", str(port), "--quiet"],
                                stdout=backend_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     t1 = time.monotonic()
-    expected = {addr: b.stats(addr) for addr in peers}  # P3, P4: what a..c stored; P1, P2: with MORE_D more
+    expected = {addr: b.stats(addr) for addr in peers}  # P4: what c stored; P1, P2: with MORE_D more
 
     def complete() -> bool:
         for addr, s in expected.items():
@@ -511,12 +512,13 @@ def guest() -> int:
     db = os.path.join(state_dir, "ferry.sqlite")
     try:
         scenario_a(c, p1, p2, state_dir, db)
-        # c before b: b's fault (another client's LE connect kept pending on a hidden device) can leave
-        # bluetoothd 5.66 believing it discovers while the kernel does not scan (its StopDiscovery is refused and
-        # later StartDiscovery calls with the same filter start nothing), and c needs discovery to find the RPA.
+        # b last: its fault (another client's LE connect kept pending on a hidden device) can leave bluetoothd
+        # 5.66 believing it discovers while the kernel does not scan (its StopDiscovery is refused with
+        # InProgress, and later StartDiscovery calls with the same filter start nothing until bluetoothd
+        # restarts), and c and d need discovery (c's RPA, d's unbonded peripherals whose objects expired).
         scenario_c(c, p4, state_dir, db)
+        scenario_d(c, [p1, p2, p4], p1, p2, state_dir, db)
         scenario_b(c, p3, state_dir, db)
-        scenario_d(c, [p1, p2, p3, p4], p1, p2, state_dir, db)
     except Exception as e:  # a crash in the scenario is a failure, with its reason in checks.json
         c.crashed(e)
     return c.finish()
