@@ -27,9 +27,11 @@
     store is copied onto its own small tmpfs, and once the gate has closed a file fills that file system to
     the last byte (ENOSPC; SQLite gets SQLITE_FULL). ferry run must give back its reserve, survive, and recover
     once delivery lets it prune (the store's own shrinking is the space that returns). The filled disk is
-    only with --fill-disk: it does NOT pass yet (issue 12: after the reserve is used up by the offline
-    uplink's claims, nothing more can be written, so nothing is delivered; the host test with a filled tmpfs
-    passes, the real daemon does not).
+    only with --fill-disk: it does NOT pass yet (issue 12). Measured in the bed: the reserve is given back on the
+    first SQLITE_FULL and the uplink runs again for a while, then every write fails with SQLITE_FULL (the
+    offline uplink's claims and retries, the live view's rewrite) and nothing more is delivered, so nothing can
+    be pruned. `ferry run` on a filled tmpfs without a radio recovers (Tests/uplink/test_forwarder.py,
+    test_ferry_run_full_disk_while_offline_recovers), as does the store-level host test.
 
 Host: python3 Tests/testbed/sync_field.py [--results DIR] [--fill-disk]      (build ferry first: swift build)
 """
