@@ -6,21 +6,25 @@ public final class BlueZClient: Sendable {
     public let objects: BlueZObjectCache
     private let log: DBusLogSink?
     private let discoveries = LockedValue<[String: BlueZDiscovery]>([:])
+    /// The service UUIDs discovery asks BlueZ to filter on (empty: every LE device).
+    public let discoveryServiceUUIDs: [String]
 
     /// Uses an existing connection (tests pass one to a private bus) and starts the object cache.
-    public init(connection: DBusConnection, serviceName: String = BlueZInterface.service, log: DBusLogSink? = nil)
-        async throws
-    {
+    public init(
+        connection: DBusConnection, serviceName: String = BlueZInterface.service, discoveryServiceUUIDs: [String] = [],
+        log: DBusLogSink? = nil
+    ) async throws {
         self.connection = connection
         self.log = log
+        self.discoveryServiceUUIDs = discoveryServiceUUIDs
         objects = BlueZObjectCache(connection: connection, serviceName: serviceName, log: log)
         try await objects.start()
     }
 
     /// Connects to the system bus.
-    public static func system(log: DBusLogSink? = nil) async throws -> BlueZClient {
+    public static func system(discoveryServiceUUIDs: [String] = [], log: DBusLogSink? = nil) async throws -> BlueZClient {
         let connection = try await mappingErrors { try await DBusConnection.connect(to: .system, log: log) }
-        return try await BlueZClient(connection: connection, log: log)
+        return try await BlueZClient(connection: connection, discoveryServiceUUIDs: discoveryServiceUUIDs, log: log)
     }
 
     /// All adapters, sorted by path (hci0 first).
@@ -62,11 +66,11 @@ public final class BlueZClient: Sendable {
         return BlueZDevice(path: path, cache: objects)
     }
 
-    /// The single shared discovery of `adapter` for the Sync service.
+    /// The single shared discovery of `adapter`, filtered on `discoveryServiceUUIDs`.
     public func discovery(on adapter: BlueZAdapter) -> BlueZDiscovery {
         discoveries.withLock { all in
             if let existing = all[adapter.path] { return existing }
-            let created = BlueZDiscovery(adapter: adapter, log: log)
+            let created = BlueZDiscovery(adapter: adapter, serviceUUIDs: discoveryServiceUUIDs, log: log)
             all[adapter.path] = created
             return created
         }

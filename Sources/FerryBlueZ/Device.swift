@@ -30,9 +30,12 @@ public struct BlueZDevice: Sendable {
         await cache.properties(path, BlueZInterface.device)
     }
 
-    public func address() async -> String? { await properties()?["Address"]?.string }
-    public func isConnected() async -> Bool { await properties()?["Connected"]?.bool ?? false }
-    public func areServicesResolved() async -> Bool { await properties()?["ServicesResolved"]?.bool ?? false }
+    /// Typed properties from the cache; nil when the device object does not exist.
+    public func typedProperties() async -> DeviceProperties? { await properties().map(DeviceProperties.init) }
+
+    public func address() async -> String? { await typedProperties()?.address }
+    public func isConnected() async -> Bool { await typedProperties()?.connected ?? false }
+    public func areServicesResolved() async -> Bool { await typedProperties()?.servicesResolved ?? false }
 
     /// Device1.Connect. BlueZ's own LE connect gives up after its internal timeout; our deadline is the
     /// outer bound in case bluetoothd never answers.
@@ -46,22 +49,21 @@ public struct BlueZDevice: Sendable {
 
     /// "public" or "random" (Device1.AddressType). After bonding with a peripheral that uses resolvable private
     /// addresses, BlueZ reports its identity address in `Address`: key streams by that.
-    public func addressType() async -> String? { await properties()?["AddressType"]?.string }
+    public func addressType() async -> String? { await typedProperties()?.addressType }
     public func name() async -> String? {
-        let properties = await properties()
-        return properties?["Name"]?.string ?? properties?["Alias"]?.string
+        let properties = await typedProperties()
+        return properties?.name ?? properties?.alias
     }
-    public func isPaired() async -> Bool { await properties()?["Paired"]?.bool ?? false }
+    public func isPaired() async -> Bool { await typedProperties()?.paired ?? false }
     /// Keys stored for reconnection (Device1.Bonded, BlueZ ≥ 5.64); older BlueZ only has Paired, which for an
     /// LE pairing with bonding means the same.
     public func isBonded() async -> Bool { Self.hasBond(await properties()) }
 
     /// The bond test on a Device1 property set (for cache waits as well as reads).
     public static func hasBond(_ properties: BlueZProperties?) -> Bool {
-        guard let properties else { return false }
-        return properties["Bonded"]?.bool ?? properties["Paired"]?.bool ?? false
+        properties.map { DeviceProperties($0).bonded } ?? false
     }
-    public func isTrusted() async -> Bool { await properties()?["Trusted"]?.bool ?? false }
+    public func isTrusted() async -> Bool { await typedProperties()?.trusted ?? false }
 
     /// Device1.Pair: the agent registered by this connection (or the default agent) answers bluetoothd's
     /// questions. AlreadyExists means it is paired already.

@@ -50,7 +50,7 @@ public struct DiscoveryLedger: Sendable, Equatable {
     }
 }
 
-/// Shared discovery on one adapter, with the Sync service filter. `acquire()` returns a lease;
+/// Shared discovery on one adapter, with the client's service filter. `acquire()` returns a lease;
 /// discovery stops when the last lease is released.
 public actor BlueZDiscovery {
     public nonisolated let adapter: BlueZAdapter
@@ -61,7 +61,8 @@ public actor BlueZDiscovery {
     private var starting: Task<Void, any Error>?
     private var catchingUp: Task<Void, Never>?
 
-    public init(adapter: BlueZAdapter, serviceUUIDs: [String] = [SyncProfile.serviceUUID], log: DBusLogSink? = nil) {
+    /// `serviceUUIDs`: the discovery filter's UUIDs (empty: every LE device).
+    public init(adapter: BlueZAdapter, serviceUUIDs: [String], log: DBusLogSink? = nil) {
         self.adapter = adapter
         self.serviceUUIDs = serviceUUIDs
         self.log = log

@@ -1,5 +1,6 @@
 import FerryBlueZ
 import FerryDBus
+import FerryGateway
 
 /// Reaching bluetoothd and an adapter, with the errors every radio command prints the same way.
 enum BlueZAccess {
@@ -7,7 +8,7 @@ enum BlueZAccess {
         do {
             let connection = try await DBusConnection.connect(
                 to: bus.map { .address($0) } ?? .system, defaultCallTimeout: .seconds(25))
-            return try await BlueZClient(connection: connection)
+            return try await BlueZClient(connection: connection, discoveryServiceUUIDs: [SyncProfile.serviceUUID])
         } catch {
             throw CommandFailure("cannot reach bluetoothd on \(bus ?? "the system bus"): \(error)")
         }

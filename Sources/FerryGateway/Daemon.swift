@@ -211,7 +211,9 @@ public actor GatewayDaemon {
             }
             if client == nil {
                 do {
-                    client = try await BlueZClient(connection: try await connectBus(), log: { [log] in log.log(.debug, $0) })
+                    client = try await BlueZClient(
+                        connection: try await connectBus(), discoveryServiceUUIDs: [SyncProfile.serviceUUID],
+                        log: { [log] in log.log(.debug, $0) })
                     agent = await registerAgent(client!)
                 } catch {
                     warnOnce("cannot reach the D-Bus system bus: \(error); retrying")
@@ -443,12 +445,9 @@ public actor GatewayDaemon {
     private func refreshCandidates(client: BlueZClient, adapter: BlueZAdapter) async {
         var candidates = Set(configuration.peripherals.map(\.address)).union(trusted)
         if configuration.allowAnySyncPeripheral {
-            let prefix = adapter.path + "/"
-            for device in await client.objects.snapshot.all(implementing: BlueZInterface.device)
-            where device.path.hasPrefix(prefix) {
-                let uuids = device.properties["UUIDs"]?.stringArray ?? []
-                guard uuids.contains(where: { $0.lowercased() == SyncProfile.serviceUUID }),
-                    let text = device.properties["Address"]?.string, let address = PeripheralAddress(text)
+            for device in await client.objects.snapshot.devices(under: adapter.path) {
+                guard device.properties.offers(service: SyncProfile.serviceUUID),
+                    let text = device.properties.address, let address = PeripheralAddress(text)
                 else { continue }
                 if scheduler.peripherals[address] == nil { log(for: address).log(.info, "discovered (lab mode)") }
                 candidates.insert(address)

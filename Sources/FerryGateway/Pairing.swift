@@ -143,7 +143,7 @@ public struct PeripheralPairing: Sendable {
         let devicePath = device.path
         let cache = client.objects
         try? await cache.waitUntil(timeout: .seconds(20)) {
-            $0.properties(devicePath, BlueZInterface.device)?["ServicesResolved"]?.bool == true
+            $0.device(devicePath)?.servicesResolved == true
         }
         let timeout = pairTimeout
         try await withThrowingTaskGroup(of: Void.self) { group in
@@ -180,7 +180,7 @@ public struct PeripheralPairing: Sendable {
         try? await device.disconnect()
         let devicePath = device.path
         try? await client.objects.waitUntil(timeout: .seconds(6)) {
-            $0.properties(devicePath, BlueZInterface.device)?["Connected"]?.bool != true
+            $0.device(devicePath)?.connected != true
         }
     }
 

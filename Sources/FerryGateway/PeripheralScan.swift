@@ -53,7 +53,7 @@ public enum PeripheralScan {
                     heard.withLock { _ = $0.insert(path) }
                 case .propertiesChanged(let path, let interface, let changed, _)
                 where path.hasPrefix(prefix) && interface == BlueZInterface.device
-                    && !Set(changed.keys).isDisjoint(with: advertisementProperties):
+                    && !Set(changed.keys).isDisjoint(with: DeviceProperties.advertisementNames):
                     heard.withLock { _ = $0.insert(path) }
                 default: break
                 }
@@ -111,33 +111,18 @@ public enum PeripheralScan {
         }
     }
 
-    /// Device1 properties that change when an advertisement is received.
-    static let advertisementProperties: Set<String> = ["RSSI", "TxPower", "ManufacturerData", "ServiceData", "UUIDs", "Name", "AdvertisingFlags"]
-
     /// The Sync peripherals under `adapterPath` heard during the scan (`heard`: device paths that appeared or
     /// changed while scanning), strongest first, those without an RSSI last. Pure.
     public static func inRange(_ objects: BlueZObjects, adapterPath: String, heard: Set<String> = []) -> [ScannedPeripheral] {
-        let prefix = adapterPath + "/"
         var result: [ScannedPeripheral] = []
-        for (path, properties) in objects.all(implementing: BlueZInterface.device) where path.hasPrefix(prefix) {
-            let rssi = rssiValue(properties["RSSI"])
-            guard rssi != nil || heard.contains(path), let address = properties["Address"]?.string else { continue }
-            let uuids = properties["UUIDs"]?.stringArray ?? []
-            guard uuids.isEmpty || uuids.contains(where: { $0.lowercased() == SyncProfile.serviceUUID }) else { continue }
+        for (path, device) in objects.devices(under: adapterPath) {
+            guard device.rssi != nil || heard.contains(path), let address = device.address else { continue }
+            guard device.uuids.isEmpty || device.offers(service: SyncProfile.serviceUUID) else { continue }
             result.append(
                 ScannedPeripheral(
-                    address: address, addressType: properties["AddressType"]?.string ?? "public", rssi: rssi,
-                    name: properties["Name"]?.string, paired: properties["Paired"]?.bool ?? false,
-                    bonded: BlueZDevice.hasBond(properties), trusted: properties["Trusted"]?.bool ?? false))
+                    address: address, addressType: device.addressType ?? "public", rssi: device.rssi,
+                    name: device.name, paired: device.paired, bonded: device.bonded, trusted: device.trusted))
         }
         return result.sorted { ($0.rssi ?? Int.min, $1.address) > ($1.rssi ?? Int.min, $0.address) }
-    }
-
-    private static func rssiValue(_ value: DBusValue?) -> Int? {
-        switch value {
-        case .int16(let v): return Int(v)
-        case .variant(let inner): return rssiValue(inner)
-        default: return nil
-        }
     }
 }

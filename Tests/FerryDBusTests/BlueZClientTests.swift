@@ -1,4 +1,5 @@
 import FerryBlueZ
+import FerryGateway
 import FerryDBus
 import Foundation
 
@@ -154,7 +155,8 @@ struct BlueZClientTests {
     @Test func discoveryIsSharedAndReferenceCounted() async throws {
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus)
-        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let client = try await BlueZClient(
+            connection: try await clientConnection(bus), discoveryServiceUUIDs: [SyncProfile.serviceUUID])
         let adapter = try await client.adapter()
         let discovery = client.discovery(on: adapter)
         #expect(discovery === client.discovery(on: adapter))

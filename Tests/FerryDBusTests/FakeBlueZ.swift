@@ -1,4 +1,5 @@
 import FerryBlueZ
+import FerryGateway
 import FerryDBus
 import Foundation
 

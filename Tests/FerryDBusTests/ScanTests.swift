@@ -43,7 +43,7 @@ import Testing
         tree[silentPath] = silent
         let fake = try await FakeBlueZ.start(on: bus, tree: tree)
         defer { fake.stop() }
-        let client = try await BlueZClient(connection: try await bus.connect())
+        let client = try await BlueZClient(connection: try await bus.connect(), discoveryServiceUUIDs: [SyncProfile.serviceUUID])
         let adapter = try await client.adapter(named: nil)
         let appear = Task {
             try await Task.sleep(for: .milliseconds(300))
@@ -99,7 +99,7 @@ import Testing
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus, tree: FakeBlueZ.adapterOnly())
         defer { fake.stop() }
-        let client = try await BlueZClient(connection: try await bus.connect())
+        let client = try await BlueZClient(connection: try await bus.connect(), discoveryServiceUUIDs: [SyncProfile.serviceUUID])
         let adapter = try await client.adapter(named: nil)
         let appear = Task {
             // After StartDiscovery, as bluetoothd does on the first advertising report.
