@@ -41,10 +41,13 @@ public struct AdapterRecoverySettings: Sendable, Equatable {
 ///   service over a flat battery.
 /// - `adapterUnusable`: the adapter object vanished from bluetoothd, or it will not power on, for
 ///   `adapterMissingSeconds`. That is the controller (or its driver) for sure: the ladder ends in `exit`.
+/// - `controllerUnresponsive`: the controller did not answer a recovery step (the power-off refused, the HCI
+///   reset timed out) and connects still fail. As sure as the above, and ends the same way.
 public struct AdapterRecovery: Sendable, Equatable {
     public enum Evidence: String, Sendable, Equatable {
         case connectsFailing = "connects_failing"
         case adapterUnusable = "adapter_unusable"
+        case controllerUnresponsive = "controller_unresponsive"
     }
 
     public enum Step: String, Sendable, Equatable, CaseIterable {
@@ -188,7 +191,8 @@ public struct AdapterRecovery: Sendable, Equatable {
             }
             // Recomputed, not carried: a controller that answered the last step while connects still fail is the
             // weak case again (which never ends in exit).
-            let nextEvidence: Evidence = strong ? .adapterUnusable : .connectsFailing
+            let nextEvidence: Evidence =
+                unusable ? .adapterUnusable : controllerFailed ? .controllerUnresponsive : .connectsFailing
             return escalate(after: step, evidence: nextEvidence, now: now)
         }
     }
@@ -198,7 +202,7 @@ public struct AdapterRecovery: Sendable, Equatable {
     private func steps(for evidence: Evidence) -> [Step] {
         var steps: [Step] = [.powerCycle]
         if settings.hciReset { steps.append(.hciReset) }
-        if evidence == .adapterUnusable { steps.append(.exit) }
+        if evidence != .connectsFailing { steps.append(.exit) }
         return steps
     }
 

@@ -310,9 +310,13 @@ public actor GatewayDaemon {
             metrics?.adapterRecoveryStep(step)
             let name = adapterName ?? "hci0"
             var controllerFailed = false
-            let why = evidence == .adapterUnusable
-                ? "adapter \(name) missing or not powered for \(Int(configuration.adapterRecovery.adapterMissingSeconds)) s"
-                : "every connect failed for \(Int(configuration.adapterRecovery.wedgedAfterSeconds)) s"
+            let why =
+                switch evidence {
+                case .adapterUnusable:
+                    "adapter \(name) missing or not powered for \(Int(configuration.adapterRecovery.adapterMissingSeconds)) s"
+                case .controllerUnresponsive: "\(name) did not answer the last recovery step and connects still fail"
+                case .connectsFailing: "every connect failed for \(Int(configuration.adapterRecovery.wedgedAfterSeconds)) s"
+                }
             switch step {
             case .powerCycle:
                 log.log(.warning, "adapter recovery: \(why): power cycling \(name) through bluetoothd")

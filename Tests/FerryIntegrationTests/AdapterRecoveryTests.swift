@@ -97,14 +97,14 @@ import Testing
         var r = AdapterRecovery(settings: Self.settings)
         #expect(Self.failConnects(&r, from: 0, to: 400)?.1 == .perform(.powerCycle, because: .connectsFailing))
         _ = r.stepFinished(now: 301, controllerFailed: true)
-        #expect(r.tick(now: 421, peripheralsDue: true) == .perform(.hciReset, because: .adapterUnusable))
+        #expect(r.tick(now: 421, peripheralsDue: true) == .perform(.hciReset, because: .controllerUnresponsive))
         _ = r.stepFinished(now: 422, controllerFailed: true)
-        #expect(r.tick(now: 542, peripheralsDue: true) == .perform(.exit, because: .adapterUnusable))
+        #expect(r.tick(now: 542, peripheralsDue: true) == .perform(.exit, because: .controllerUnresponsive))
         // The controller answered the next step (the reset healed it) but connects still fail: weak again, no exit.
         var answered = AdapterRecovery(settings: Self.settings)
         _ = Self.failConnects(&answered, from: 0, to: 400)
         _ = answered.stepFinished(now: 301, controllerFailed: true)
-        #expect(answered.tick(now: 421, peripheralsDue: true) == .perform(.hciReset, because: .adapterUnusable))
+        #expect(answered.tick(now: 421, peripheralsDue: true) == .perform(.hciReset, because: .controllerUnresponsive))
         _ = answered.stepFinished(now: 422, controllerFailed: false)
         #expect(Self.failConnects(&answered, from: 423, to: 1000)?.1 == .givingUp(until: 542 + 3600))
         // A connect that works clears it.
