@@ -121,6 +121,8 @@ public final class BlueZClient: Sendable {
                         await lease.release()
                         return BlueZDevice(path: found, cache: objects)
                     }
+                    // Not in bluetoothd's tree either: perhaps nothing scans although bluetoothd says it does.
+                    await discovery.kickIfStale()
                     guard clock.now < deadline else { break }
                 }
             }

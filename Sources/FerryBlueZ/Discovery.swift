@@ -1,5 +1,9 @@
 import FerryDBus
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Reference counting for the ONE discovery session per adapter. Pure state machine: it says what to
 /// do; `BlueZDiscovery` does it.
 ///
@@ -60,6 +64,8 @@ public actor BlueZDiscovery {
     private var restartWatcher: Task<Void, Never>?
     private var starting: Task<Void, any Error>?
     private var catchingUp: Task<Void, Never>?
+    /// The management channel refused us (no CAP_NET_ADMIN): not asked again, said once.
+    private var kickUnavailable = false
 
     /// `serviceUUIDs`: the discovery filter's UUIDs (empty: every LE device).
     public init(adapter: BlueZAdapter, serviceUUIDs: [String], log: DBusLogSink? = nil) {
@@ -128,6 +134,23 @@ public actor BlueZDiscovery {
         catchingUp = attempt
         await attempt.value
         catchingUp = nil
+    }
+
+    /// While discovery is wanted: if the kernel is not discovering although bluetoothd says it is (see
+    /// `DiscoveryKick`), gets bluetoothd scanning again. Cheap when nothing is stale (the kernel answers Busy).
+    public func kickIfStale() async {
+        guard ledger.active, !kickUnavailable else { return }
+        let name = adapter.name
+        let outcome = await Task.detached { DiscoveryKick.kick(adapterName: name) }.value
+        switch outcome {
+        case .kicked:
+            log?("bluez: \(name) was not scanning although bluetoothd reported discovery running: restarted it through the kernel")
+        case .notNeeded:
+            break
+        case .failed(let errno, let status):
+            if [EPERM, EACCES, EAFNOSUPPORT].contains(errno) { kickUnavailable = true }
+            log?("bluez: cannot check \(name)'s discovery through the kernel: " + (status.map { "management status \($0)" } ?? String(cString: strerror(errno))))
+        }
     }
 
     private func catchUpOnce(within: Duration) async {
