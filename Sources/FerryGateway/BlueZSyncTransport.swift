@@ -18,6 +18,21 @@ public final class BlueZSyncTransport: SyncTransport {
     private var forwarding: Task<Void, Never>?
     public private(set) var notifyMethod: GattNotifyMethod?
     public private(set) var mtu: UInt16?
+    /// How SYNC_ACKs go out (chosen while subscribing; nil before).
+    public private(set) var ackWrite: AckWritePath?
+    private var ackSocket: BlueZWriteSocket?
+
+    /// How a SYNC_ACK reaches the peripheral. A lost ACK costs nothing: the next one names a higher cursor,
+    /// and a peripheral left waiting is re-asked by the stall rule (SYNC_REQ, which stays a write with
+    /// response). So ACKs take the cheapest path CONTROL allows.
+    public enum AckWritePath: String, Sendable {
+        /// AcquireWrite socket: one send() per ACK, no D-Bus round trip.
+        case acquireWrite
+        /// WriteValue type "command": write-without-response, a D-Bus call that returns once queued.
+        case writeCommand
+        /// WriteValue type "request": CONTROL lacks write-without-response (or it was refused).
+        case writeRequest
+    }
 
     /// Finds the Sync characteristics under `service`. Throws `.notFound` if DATA or CONTROL is missing.
     public init(
@@ -43,6 +58,9 @@ public final class BlueZSyncTransport: SyncTransport {
             info = await service.characteristic(uuid: SyncProfile.streamInfoUUID)
         }
         streamInfo = info
+        // With STREAM_INFO the session reads it first: subscribe meanwhile. Without it the session subscribes
+        // at once anyway.
+        if info != nil { prepareSubscription() }
     }
 
     public var hasStreamInfo: Bool { streamInfo != nil }
@@ -52,15 +70,49 @@ public final class BlueZSyncTransport: SyncTransport {
         return try await streamInfo.readValue()
     }
 
+    /// A DATA subscription with the ACK path chosen alongside it.
+    private struct Subscription: Sendable {
+        var notifications: BlueZNotifications
+        var ackWrite: AckWritePath
+        var ackSocket: BlueZWriteSocket?
+    }
+
+    /// Subscribing, started ahead of the session's `subscribe()` (see `prepareSubscription`).
+    private var pending: Task<Subscription, any Error>?
+
+    /// Starts subscribing now, so that it runs concurrently with the STREAM_INFO read instead of after it
+    /// (one ATT round trip less of link time per session). Safe: a peripheral sends nothing before our
+    /// SYNC_REQ, and DATA bytes that arrive before the session expects them are dropped by its rules.
+    public func prepareSubscription() {
+        guard pending == nil, notifications == nil else { return }
+        let data = self.data
+        let control = self.control
+        let preferred = self.preferredNotify
+        let log = self.log
+        pending = Task { try await BlueZSyncTransport.open(data: data, control: control, preferring: preferred, log: log) }
+    }
+
     public func subscribe() async throws {
         guard notifications == nil else { return }  // already subscribed (a stream rebase asks again)
-        let subscription = try await data.subscribe(preferring: preferredNotify) { [log] in log.log(.info, $0) }
-        notifications = subscription
-        notifyMethod = subscription.method
-        mtu = subscription.mtu
+        prepareSubscription()
+        guard let pending else { return }
+        let subscription: Subscription
+        do {
+            subscription = try await pending.value
+        } catch {
+            self.pending = nil
+            throw error
+        }
+        self.pending = nil
+        ackWrite = subscription.ackWrite
+        ackSocket = subscription.ackSocket
+        notifications = subscription.notifications
+        notifyMethod = subscription.notifications.method
+        mtu = subscription.notifications.mtu
+        let values = subscription.notifications.values
         let events = self.events
         forwarding = Task {
-            for await chunk in subscription.values {
+            for await chunk in values {
                 events.yield(.bytes(chunk))
             }
             events.yield(.linkEnded)
@@ -68,11 +120,77 @@ public final class BlueZSyncTransport: SyncTransport {
     }
 
     public func writeControl(_ bytes: [UInt8]) async throws {
-        // Write with response: a lost SYNC_REQ/SYNC_ACK shows up as an error instead of silence.
+        // Write with response: a lost SYNC_REQ shows up as an error instead of silence.
         try await control.writeValue(bytes, type: .request)
     }
 
+    public func writeAck(_ bytes: [UInt8]) async throws {
+        switch ackWrite ?? .writeRequest {
+        case .acquireWrite:
+            if let socket = ackSocket {
+                do {
+                    try socket.send(bytes)
+                    return
+                } catch {
+                    // A full socket buffer or a link going down: this ACK goes by D-Bus, later ones too.
+                    log.log(.info, "SYNC_ACK via AcquireWrite failed (\(error)); writing ACKs with WriteValue")
+                    socket.close()
+                    ackSocket = nil
+                    ackWrite = .writeCommand
+                }
+            }
+            try await control.writeValue(bytes, type: .command)
+        case .writeCommand:
+            try await control.writeValue(bytes, type: .command)
+        case .writeRequest:
+            try await control.writeValue(bytes, type: .request)
+        }
+    }
+
+    /// The ACK path is set up alongside the subscription (two D-Bus calls in flight at once), before the
+    /// SYNC_REQ: the first ACK must not wait for an AcquireWrite.
+    private static func open(
+        data: BlueZGattCharacteristic, control: BlueZGattCharacteristic, preferring method: GattNotifyMethod,
+        log: any LogSink
+    ) async throws -> Subscription {
+        async let ackPath = chooseAckPath(control: control, log: log)
+        let notifications: BlueZNotifications
+        do {
+            notifications = try await data.subscribe(preferring: method) { log.log(.info, $0) }
+        } catch {
+            (await ackPath).socket?.close()
+            throw error
+        }
+        let chosen = await ackPath
+        return Subscription(notifications: notifications, ackWrite: chosen.path, ackSocket: chosen.socket)
+    }
+
+    private static func chooseAckPath(control: BlueZGattCharacteristic, log: any LogSink) async
+        -> (path: AckWritePath, socket: BlueZWriteSocket?)
+    {
+        guard await control.flags().contains("write-without-response") else { return (.writeRequest, nil) }
+        do {
+            return (.acquireWrite, try await control.acquireWriteSocket(timeout: .seconds(2)))
+        } catch {
+            log.log(.info, "AcquireWrite on CONTROL failed (\(error)); SYNC_ACKs go as WriteValue without response")
+            return (.writeCommand, nil)
+        }
+    }
+
     public func disconnect() async {
+        if let pending {
+            // Subscribed ahead but never taken (STREAM_INFO unreadable...): released when it completes, without
+            // waiting here (on a link whose pairing failed bluetoothd answers AcquireNotify only at its timeout).
+            self.pending = nil
+            Task {
+                if let unused = try? await pending.value {
+                    unused.ackSocket?.close()
+                    await unused.notifications.stop()
+                }
+            }
+        }
+        ackSocket?.close()
+        ackSocket = nil
         await notifications?.stop()
         notifications = nil
         do {
