@@ -233,6 +233,7 @@ enum SyncCommand {
         }
         await withTaskCancellationHandler {
             await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation) { runner in
+                guard progress.enabled else { return }  // runs per notification: no text built for nothing
                 let s = runner.summary
                 progress.update(
                     "\(address): syncing \(s.cursor)" + (runner.machine.knownHead.map { " of ~\($0)" } ?? "")

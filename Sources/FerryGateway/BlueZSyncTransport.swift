@@ -20,17 +20,16 @@ public final class BlueZSyncTransport: SyncTransport {
     public private(set) var mtu: UInt16?
     /// How SYNC_ACKs go out (chosen while subscribing; nil before).
     public private(set) var ackWrite: AckWritePath?
-    private var ackSocket: BlueZWriteSocket?
 
     /// How a SYNC_ACK reaches the peripheral. A lost ACK costs nothing: the next one names a higher cursor,
     /// and a peripheral left waiting is re-asked by the stall rule (SYNC_REQ, which stays a write with
-    /// response). So ACKs take the cheapest path CONTROL allows.
+    /// response). So ACKs are written without response when CONTROL allows it. Not through AcquireWrite:
+    /// while a client holds CONTROL's write socket, bluetoothd 5.66 refuses every WriteValue on it ("Write
+    /// acquired", seen in the test bed), and SYNC_REQ must keep its response.
     public enum AckWritePath: String, Sendable {
-        /// AcquireWrite socket: one send() per ACK, no D-Bus round trip.
-        case acquireWrite
         /// WriteValue type "command": write-without-response, a D-Bus call that returns once queued.
         case writeCommand
-        /// WriteValue type "request": CONTROL lacks write-without-response (or it was refused).
+        /// WriteValue type "request": CONTROL lacks write-without-response.
         case writeRequest
     }
 
@@ -74,7 +73,6 @@ public final class BlueZSyncTransport: SyncTransport {
     private struct Subscription: Sendable {
         var notifications: BlueZNotifications
         var ackWrite: AckWritePath
-        var ackSocket: BlueZWriteSocket?
     }
 
     /// Subscribing, started ahead of the session's `subscribe()` (see `prepareSubscription`).
@@ -105,7 +103,6 @@ public final class BlueZSyncTransport: SyncTransport {
         }
         self.pending = nil
         ackWrite = subscription.ackWrite
-        ackSocket = subscription.ackSocket
         notifications = subscription.notifications
         notifyMethod = subscription.notifications.method
         mtu = subscription.notifications.mtu
@@ -125,56 +122,18 @@ public final class BlueZSyncTransport: SyncTransport {
     }
 
     public func writeAck(_ bytes: [UInt8]) async throws {
-        switch ackWrite ?? .writeRequest {
-        case .acquireWrite:
-            if let socket = ackSocket {
-                do {
-                    try socket.send(bytes)
-                    return
-                } catch {
-                    // A full socket buffer or a link going down: this ACK goes by D-Bus, later ones too.
-                    log.log(.info, "SYNC_ACK via AcquireWrite failed (\(error)); writing ACKs with WriteValue")
-                    socket.close()
-                    ackSocket = nil
-                    ackWrite = .writeCommand
-                }
-            }
-            try await control.writeValue(bytes, type: .command)
-        case .writeCommand:
-            try await control.writeValue(bytes, type: .command)
-        case .writeRequest:
-            try await control.writeValue(bytes, type: .request)
-        }
+        try await control.writeValue(bytes, type: ackWrite == .writeCommand ? .command : .request)
     }
 
-    /// The ACK path is set up alongside the subscription (two D-Bus calls in flight at once), before the
-    /// SYNC_REQ: the first ACK must not wait for an AcquireWrite.
+    /// The ACK path is read off CONTROL's flags alongside the subscription (two D-Bus calls in flight at once).
     private static func open(
         data: BlueZGattCharacteristic, control: BlueZGattCharacteristic, preferring method: GattNotifyMethod,
         log: any LogSink
     ) async throws -> Subscription {
-        async let ackPath = chooseAckPath(control: control, log: log)
-        let notifications: BlueZNotifications
-        do {
-            notifications = try await data.subscribe(preferring: method) { log.log(.info, $0) }
-        } catch {
-            (await ackPath).socket?.close()
-            throw error
-        }
-        let chosen = await ackPath
-        return Subscription(notifications: notifications, ackWrite: chosen.path, ackSocket: chosen.socket)
-    }
-
-    private static func chooseAckPath(control: BlueZGattCharacteristic, log: any LogSink) async
-        -> (path: AckWritePath, socket: BlueZWriteSocket?)
-    {
-        guard await control.flags().contains("write-without-response") else { return (.writeRequest, nil) }
-        do {
-            return (.acquireWrite, try await control.acquireWriteSocket(timeout: .seconds(2)))
-        } catch {
-            log.log(.info, "AcquireWrite on CONTROL failed (\(error)); SYNC_ACKs go as WriteValue without response")
-            return (.writeCommand, nil)
-        }
+        async let flags = control.flags()
+        let notifications = try await data.subscribe(preferring: method) { log.log(.info, $0) }
+        let ackWrite: AckWritePath = await flags.contains("write-without-response") ? .writeCommand : .writeRequest
+        return Subscription(notifications: notifications, ackWrite: ackWrite)
     }
 
     public func disconnect() async {
@@ -183,14 +142,9 @@ public final class BlueZSyncTransport: SyncTransport {
             // waiting here (on a link whose pairing failed bluetoothd answers AcquireNotify only at its timeout).
             self.pending = nil
             Task {
-                if let unused = try? await pending.value {
-                    unused.ackSocket?.close()
-                    await unused.notifications.stop()
-                }
+                if let unused = try? await pending.value { await unused.notifications.stop() }
             }
         }
-        ackSocket?.close()
-        ackSocket = nil
         await notifications?.stop()
         notifications = nil
         do {
