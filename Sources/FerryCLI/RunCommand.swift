@@ -29,7 +29,8 @@ enum RunCommand {
           --allow-unbonded         lab mode: also sync peripherals BlueZ holds no bond for (require_bond false)
           --max-connections N      concurrent sessions (default 3)
           --sync-interval S        re-sync a caught-up peripheral after S seconds (default 60)
-          --window N               SYNC_REQ window (default 20)
+          --window N               SYNC_REQ window: frames the peripheral may send past the last ACK (default 40)
+          --ack-every N            commit + SYNC_ACK every N frames, at most the window (default 20)
           --endpoint URL           uplink endpoint; without one, store only
           --token-file F           uplink bearer token file (chmod 600)
           --gateway-id ID          the uplink's "gateway" field (default: the host name)
@@ -51,7 +52,7 @@ enum RunCommand {
             arguments, command: "run",
             options: [
                 "--config", "--state-dir", "--adapter", "--peripherals", "--max-connections", "--sync-interval",
-                "--window", "--endpoint", "--token-file", "--gateway-id", "--log-level", "--bus",
+                "--window", "--ack-every", "--endpoint", "--token-file", "--gateway-id", "--log-level", "--bus",
             ],
             flags: ["--allow-any", "--allow-unbonded"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
@@ -137,7 +138,13 @@ enum RunCommand {
             c.syncIntervalSeconds = try args.number("--sync-interval", default: 60, minimum: 0)
         }
         if args.values["--window"] != nil {
-            c.window = try args.integer("--window", UInt16.self, default: 20, range: 1...UInt16.max)
+            c.window = try args.integer("--window", UInt16.self, default: Frame.defaultWindow, range: 1...UInt16.max)
+        }
+        if args.values["--ack-every"] != nil {
+            c.ackEvery = try args.integer("--ack-every", Int.self, default: Frame.defaultAckEvery, range: 1...65_535)
+        }
+        if let ack = c.ackEvery, ack > Int(c.window) {
+            throw UsageError("--ack-every (\(ack)) must be ≤ the window (\(c.window))")
         }
         if let v = args.values["--endpoint"] {
             guard let url = URL(string: v), let scheme = url.scheme, ["http", "https"].contains(scheme) else {

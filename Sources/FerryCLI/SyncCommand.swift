@@ -20,7 +20,10 @@ enum SyncCommand {
           --adapter hciN     the Bluetooth adapter (default: the first one)
           --db PATH          the gateway store (created if missing)
           --timeout S        give up after S seconds (default 120); what is committed stays committed
-          --window N         frames the peripheral may send beyond the last ACK (default 20)
+          --window N         frames the peripheral may send beyond the last ACK (default 40: pipelined, a batch
+                             stays on the air while the previous one commits and its ACK travels)
+          --ack-every N      commit + SYNC_ACK every N frames (default 20, or the window if smaller); at most
+                             the window. An ACK never names a frame that is not committed.
           --notify MODE      acquire (AcquireNotify, falling back to StartNotify; default) | start (StartNotify)
           --disk-budget B    stop committing (so stop acknowledging: the peripheral keeps its events) once the
                              store and its WAL exceed B bytes; the result says so (default: no budget)
@@ -30,7 +33,10 @@ enum SyncCommand {
                              and one whose Sync service needs encryption fails with a line saying to pair it
           --json             print one JSON object: {"address","result","frames_stored","duplicates","gaps",
                              "regressions","corrupt","crc_mismatches","stalls","epoch","cursor","notify_path","mtu",
-                             "duration_seconds"}
+                             "duration_seconds","discovery_needed","phases"}; "phases" holds, in seconds since the
+                             command started (null: not reached), when each step ended: "discovery" (0-ish when
+                             BlueZ already knew the device), "connect", "services_resolved", "stream_info",
+                             "subscribed", "first_data", "last_data", "caught_up", "final_ack", "disconnected"
           --verbose          log connection steps on stderr
 
         Exit status: 0 caught up; 1 failed (adapter missing, device not found, not a Sync peripheral, not bonded,
@@ -41,13 +47,21 @@ enum SyncCommand {
     static func run(_ arguments: [String], output: any CommandOutput) throws -> Int32 {
         let args = try ParsedArguments(
             arguments, command: "sync",
-            options: ["--address", "--adapter", "--db", "--timeout", "--window", "--notify", "--bus", "--disk-budget"],
+            options: [
+                "--address", "--adapter", "--db", "--timeout", "--window", "--ack-every", "--notify", "--bus",
+                "--disk-budget",
+            ],
             flags: ["--json", "--verbose", "--require-bond"])
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
         let address = try FerryCommandLine.address(try args.required("--address", command: "sync"), option: "--address")
         let dbPath = try args.required("--db", command: "sync")
         let timeout = try args.number("--timeout", default: 120, minimum: 1)
-        let window = try args.integer("--window", UInt16.self, default: 20, range: 1...UInt16.max)
+        let window = try args.integer("--window", UInt16.self, default: Frame.defaultWindow, range: 1...UInt16.max)
+        let ackEvery = try args.integer(
+            "--ack-every", Int.self, default: min(Frame.defaultAckEvery, Int(window)), range: 1...65_535)
+        guard ackEvery <= Int(window) else {
+            throw UsageError("--ack-every (\(ackEvery)) must be ≤ the window (\(window))")
+        }
         let notify: GattNotifyMethod
         switch args.values["--notify"] ?? "acquire" {
         case "acquire": notify = .acquireNotify
@@ -65,6 +79,7 @@ enum SyncCommand {
 
         var settings = SyncSession.Configuration()
         settings.window = window
+        settings.ackBatch = ackEvery
         let configuration = settings
         let progress = ProgressLine.forStderr(json: json)
         defer { progress.clear() }
@@ -86,6 +101,8 @@ enum SyncCommand {
                     ("epoch", .string(String(s.epoch))), ("cursor", .string(String(s.cursor))),
                     ("notify_path", .string(outcome.notifyPath)), ("mtu", outcome.mtu.map { .int(Int($0)) } ?? .null),
                     ("duration_seconds", .double((outcome.seconds * 1000).rounded() / 1000)),
+                    ("discovery_needed", .bool(outcome.discoveryNeeded)),
+                    ("phases", .object(outcome.phases.map { ($0.0, $0.1.map { .double(($0 * 1000).rounded() / 1000) } ?? .null) })),
                 ]).text)
         } else {
             output.out(
@@ -109,6 +126,10 @@ enum SyncCommand {
         var notifyPath: String
         var mtu: UInt16?
         var seconds: Double
+        /// BlueZ did not know the device: discovery ran before the connect.
+        var discoveryNeeded = false
+        /// (JSON key, seconds since the command started) for each step, in order.
+        var phases: [(String, Double?)] = []
     }
 
     static func sync(
@@ -117,6 +138,11 @@ enum SyncCommand {
         log: any LogSink, progress: ProgressLine = ProgressLine(enabled: false)
     ) async throws -> Outcome {
         let started = ContinuousClock.now
+        // Phase times on the session runner's clock, so the two halves line up.
+        let phaseClock = SystemMonotonicClock()
+        let origin = phaseClock.now()
+        var setup: [(String, Double?)] = []
+        func mark(_ name: String) { setup.append((name, phaseClock.now() - origin)) }
         let deadline = started + .milliseconds(Int64(timeout * 1000))
         func remaining() -> Duration { max(.milliseconds(100), deadline - ContinuousClock.now) }
         func seconds() -> Double {
@@ -148,7 +174,14 @@ enum SyncCommand {
         connector.waitTimeout = min(remaining(), .seconds(30))
         var policy = ConnectRetryPolicy()
         let device: BlueZDevice
+        // No discovery when BlueZ already has the device object: it only costs time (and radio).
+        let discoveryNeeded = await client.knownDevice(address: address.string, on: adapter) == nil
         do {
+            if discoveryNeeded {
+                progress.update("\(address): discovering", force: true)
+                _ = try await client.discover(address: address.string, on: adapter, timeout: connector.waitTimeout)
+            }
+            mark("discovery")
             device = try await connector.connect(policy: &policy, connectTimeout: min(remaining(), .seconds(35)))
         } catch let error as BlueZError
             where error.kind == .timeout || error.kind == .unknownObject || error.kind == .notFound
@@ -157,6 +190,7 @@ enum SyncCommand {
         } catch {
             throw CommandFailure("cannot connect to \(address): \(error)")
         }
+        mark("connect")
         log.log(.info, "connected to \(address)")
         if requireBond, !(await device.isBonded()) {
             // Checked again after the connect, before any GATT access: the bond may have vanished meanwhile.
@@ -179,6 +213,7 @@ enum SyncCommand {
             try? await device.disconnect()
             throw CommandFailure("services of \(address) did not resolve: \(error)")
         }
+        mark("services_resolved")
 
         // bluetoothd restarting mid-sync looks like a plain link loss from the session's side; the cache's
         // generation (bumped on every NameOwnerChanged rebuild) lets the summary say what really happened.
@@ -198,6 +233,7 @@ enum SyncCommand {
         }
         await withTaskCancellationHandler {
             await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation) { runner in
+                guard progress.enabled else { return }  // runs per notification: no text built for nothing
                 let s = runner.summary
                 progress.update(
                     "\(address): syncing \(s.cursor)" + (runner.machine.knownHead.map { " of ~\($0)" } ?? "")
@@ -234,8 +270,15 @@ enum SyncCommand {
                 result = ended
             }
         }
+        let p = runner.phases
+        let session: [(String, Double?)] = [
+            ("stream_info", p.streamInfo), ("subscribed", p.subscribed), ("first_data", p.firstData),
+            ("last_data", p.lastData), ("caught_up", p.caughtUp), ("final_ack", p.finalAck),
+            ("disconnected", p.disconnected),
+        ].map { ($0.0, $0.1.map { $0 - origin }) }
         return Outcome(
             summary: runner.summary, decoder: runner.machine.decoder.statistics, result: result,
-            notifyPath: transport.notifyMethod?.rawValue ?? "none", mtu: transport.mtu, seconds: seconds())
+            notifyPath: transport.notifyMethod?.rawValue ?? "none", mtu: transport.mtu, seconds: seconds(),
+            discoveryNeeded: discoveryNeeded, phases: setup + session)
     }
 }

@@ -18,6 +18,20 @@ public final class BlueZSyncTransport: SyncTransport {
     private var forwarding: Task<Void, Never>?
     public private(set) var notifyMethod: GattNotifyMethod?
     public private(set) var mtu: UInt16?
+    /// How SYNC_ACKs go out (chosen while subscribing; nil before).
+    public private(set) var ackWrite: AckWritePath?
+
+    /// How a SYNC_ACK reaches the peripheral. A lost ACK costs nothing: the next one names a higher cursor,
+    /// and a peripheral left waiting is re-asked by the stall rule (SYNC_REQ, which stays a write with
+    /// response). So ACKs are written without response when CONTROL allows it. Not through AcquireWrite:
+    /// while a client holds CONTROL's write socket, bluetoothd 5.66 refuses every WriteValue on it ("Write
+    /// acquired", seen in the test bed), and SYNC_REQ must keep its response.
+    public enum AckWritePath: String, Sendable {
+        /// WriteValue type "command": write-without-response, a D-Bus call that returns once queued.
+        case writeCommand
+        /// WriteValue type "request": CONTROL lacks write-without-response.
+        case writeRequest
+    }
 
     /// Finds the Sync characteristics under `service`. Throws `.notFound` if DATA or CONTROL is missing.
     public init(
@@ -43,6 +57,9 @@ public final class BlueZSyncTransport: SyncTransport {
             info = await service.characteristic(uuid: SyncProfile.streamInfoUUID)
         }
         streamInfo = info
+        // With STREAM_INFO the session reads it first: subscribe meanwhile. Without it the session subscribes
+        // at once anyway.
+        if info != nil { prepareSubscription() }
     }
 
     public var hasStreamInfo: Bool { streamInfo != nil }
@@ -52,15 +69,47 @@ public final class BlueZSyncTransport: SyncTransport {
         return try await streamInfo.readValue()
     }
 
+    /// A DATA subscription with the ACK path chosen alongside it.
+    private struct Subscription: Sendable {
+        var notifications: BlueZNotifications
+        var ackWrite: AckWritePath
+    }
+
+    /// Subscribing, started ahead of the session's `subscribe()` (see `prepareSubscription`).
+    private var pending: Task<Subscription, any Error>?
+
+    /// Starts subscribing now, so that it runs concurrently with the STREAM_INFO read instead of after it
+    /// (one ATT round trip less of link time per session). Safe: a peripheral sends nothing before our
+    /// SYNC_REQ, and DATA bytes that arrive before the session expects them are dropped by its rules.
+    public func prepareSubscription() {
+        guard pending == nil, notifications == nil else { return }
+        let data = self.data
+        let control = self.control
+        let preferred = self.preferredNotify
+        let log = self.log
+        pending = Task { try await BlueZSyncTransport.open(data: data, control: control, preferring: preferred, log: log) }
+    }
+
     public func subscribe() async throws {
         guard notifications == nil else { return }  // already subscribed (a stream rebase asks again)
-        let subscription = try await data.subscribe(preferring: preferredNotify) { [log] in log.log(.info, $0) }
-        notifications = subscription
-        notifyMethod = subscription.method
-        mtu = subscription.mtu
+        prepareSubscription()
+        guard let pending else { return }
+        let subscription: Subscription
+        do {
+            subscription = try await pending.value
+        } catch {
+            self.pending = nil
+            throw error
+        }
+        self.pending = nil
+        ackWrite = subscription.ackWrite
+        notifications = subscription.notifications
+        notifyMethod = subscription.notifications.method
+        mtu = subscription.notifications.mtu
+        let values = subscription.notifications.values
         let events = self.events
         forwarding = Task {
-            for await chunk in subscription.values {
+            for await chunk in values {
                 events.yield(.bytes(chunk))
             }
             events.yield(.linkEnded)
@@ -68,11 +117,34 @@ public final class BlueZSyncTransport: SyncTransport {
     }
 
     public func writeControl(_ bytes: [UInt8]) async throws {
-        // Write with response: a lost SYNC_REQ/SYNC_ACK shows up as an error instead of silence.
+        // Write with response: a lost SYNC_REQ shows up as an error instead of silence.
         try await control.writeValue(bytes, type: .request)
     }
 
+    public func writeAck(_ bytes: [UInt8]) async throws {
+        try await control.writeValue(bytes, type: ackWrite == .writeCommand ? .command : .request)
+    }
+
+    /// The ACK path is read off CONTROL's flags alongside the subscription (two D-Bus calls in flight at once).
+    private static func open(
+        data: BlueZGattCharacteristic, control: BlueZGattCharacteristic, preferring method: GattNotifyMethod,
+        log: any LogSink
+    ) async throws -> Subscription {
+        async let flags = control.flags()
+        let notifications = try await data.subscribe(preferring: method) { log.log(.info, $0) }
+        let ackWrite: AckWritePath = await flags.contains("write-without-response") ? .writeCommand : .writeRequest
+        return Subscription(notifications: notifications, ackWrite: ackWrite)
+    }
+
     public func disconnect() async {
+        if let pending {
+            // Subscribed ahead but never taken (STREAM_INFO unreadable...): released when it completes, without
+            // waiting here (on a link whose pairing failed bluetoothd answers AcquireNotify only at its timeout).
+            self.pending = nil
+            Task {
+                if let unused = try? await pending.value { await unused.notifications.stop() }
+            }
+        }
         await notifications?.stop()
         notifications = nil
         do {

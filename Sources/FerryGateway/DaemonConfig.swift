@@ -57,7 +57,11 @@ public struct DaemonConfiguration: Sendable, Equatable {
     public var syncIntervalSeconds: Double = 60
     public var backoffBaseSeconds: Double = 2
     public var backoffCapSeconds: Double = 300
-    public var window: UInt16 = 20
+    /// SYNC_REQ window (`window`): pipelined by default, larger than the ACK cadence.
+    public var window: UInt16 = Frame.defaultWindow
+    /// Commit + SYNC_ACK every this many frames (`ack_every`); nil: `Frame.defaultAckEvery`, or the window if
+    /// that is smaller (a config written before `ack_every` existed, with a small window, keeps working).
+    public var ackEvery: Int?
     public var connectTimeoutSeconds: Double = 35
     public var diskBudgetBytes: Int64?
     /// Delivered (COMPLETED) events and their frames are deleted this long after delivery (storage pressure
@@ -96,9 +100,13 @@ public struct DaemonConfiguration: Sendable, Equatable {
         return c
     }
 
+    /// The ACK cadence sessions use.
+    public var effectiveAckEvery: Int { ackEvery ?? min(Frame.defaultAckEvery, Int(window)) }
+
     public var sessionConfiguration: SyncSession.Configuration {
         var c = SyncSession.Configuration()
         c.window = window
+        c.ackBatch = effectiveAckEvery
         c.noProgressTimeout = noProgressSeconds
         c.maxSessionDuration = maxSessionSeconds
         return c
@@ -109,7 +117,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
     static let topLevelKeys: Set<String> = [
         "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default", "require_bond",
         "max_connections", "sync_interval_seconds", "backoff_base_seconds", "backoff_cap_seconds", "window",
-        "connect_timeout_seconds", "disk_budget_bytes", "retention_hours", "shutdown_grace_seconds", "log_level",
+        "ack_every", "connect_timeout_seconds", "disk_budget_bytes", "retention_hours", "shutdown_grace_seconds", "log_level",
         "uplink", "no_progress_seconds", "max_session_seconds", "metrics_listen", "adapter_recovery",
     ]
     static let adapterRecoveryKeys: Set<String> = [
@@ -151,6 +159,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
         if let v = try reader.number("backoff_base_seconds", 0.1...3600) { c.backoffBaseSeconds = v }
         if let v = try reader.number("backoff_cap_seconds", 1...86_400) { c.backoffCapSeconds = v }
         if let v = try reader.integer("window", 1...65_535) { c.window = UInt16(v) }
+        if let v = try reader.integer("ack_every", 1...65_535) { c.ackEvery = v }
         if let v = try reader.number("connect_timeout_seconds", 1...600) { c.connectTimeoutSeconds = v }
         if let v = try reader.integer("disk_budget_bytes", 1_048_576...Int.max) { c.diskBudgetBytes = Int64(v) }
         if let v = try reader.number("retention_hours", 0...87_600) { c.retentionHours = v }
@@ -170,6 +179,11 @@ public struct DaemonConfiguration: Sendable, Equatable {
                     problem: "must be IP:port or [IPv6]:port with a port in 1...65535, e.g. \"127.0.0.1:9464\", got '\(v)'")
             }
             c.metricsListen = address
+        }
+        if let ack = c.ackEvery, ack > Int(c.window) {
+            // The peripheral stops at the window: a larger cadence is never reached, every batch would end on
+            // the idle timeout.
+            throw ConfigError(key: "ack_every", problem: "must be ≤ window (\(c.window)), got \(ack)")
         }
         if c.backoffCapSeconds < c.backoffBaseSeconds {
             throw ConfigError(key: "backoff_cap_seconds", problem: "must be ≥ backoff_base_seconds")

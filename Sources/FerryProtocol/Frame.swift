@@ -20,8 +20,12 @@ public struct Frame: Sendable, Hashable {
     public static let crcLength = 2
     /// 12-byte header + 2-byte CRC: the size of a frame with an empty payload.
     public static let overhead = headerLength + crcLength
-    /// The window the gateway asks for in SYNC_REQ unless configured otherwise (PROTOCOL §2, §4).
-    public static let defaultWindow: UInt16 = 20
+    /// The window the gateway asks for in SYNC_REQ unless configured otherwise (PROTOCOL §2, §4): twice the
+    /// ACK cadence (`defaultAckEvery`), so one batch is on the air while the previous one commits and its ACK
+    /// travels; with window == cadence the peripheral idles one round trip per batch (stop-and-wait).
+    public static let defaultWindow: UInt16 = 40
+    /// Commit + SYNC_ACK every this many staged frames unless configured otherwise (the ACK cadence).
+    public static let defaultAckEvery = 20
 
     public var type: FrameType
     public var seq: UInt64

@@ -13,10 +13,12 @@
 /// - At most one commit is outstanding at a time.
 public struct SyncSession: Sendable {
     public struct Configuration: Sendable, Equatable {
-        /// Window requested in SYNC_REQ: how many frames may be sent beyond the last ACK.
+        /// Window requested in SYNC_REQ: how many frames may be sent beyond the last ACK. Larger than
+        /// `ackBatch` (pipelined): frames keep arriving past the batch being committed and acknowledged.
         public var window: UInt16 = Frame.defaultWindow
-        /// Commit + SYNC_ACK every this many staged frames (the ACK batch).
-        public var ackBatch: Int = 20
+        /// Commit + SYNC_ACK every this many staged frames (the ACK batch, or ACK cadence). A window below it
+        /// works but every batch then ends on the idle timeout (the peripheral stops at the window first).
+        public var ackBatch: Int = Frame.defaultAckEvery
         /// DATA silence after which a partial window is committed, a stalled partial frame dropped, and a
         /// gap's drain considered over.
         public var idleTimeout: Double = 0.25
@@ -280,7 +282,7 @@ public struct SyncSession: Sendable {
         if batch.acknowledge && phase != .closed && !reRequestFollows {
             actions += acknowledge(cursor, now: now)
         }
-        let mustFlush = phase != .streaming || afterCommit != .nothing || stopping
+        let mustFlush = phase != .streaming || afterCommit != .nothing || stopping || replayComplete
         if !staged.isEmpty && (staged.count >= configuration.ackBatch || mustFlush) {
             actions += commitStaged(acknowledge: phase != .closed && !reRequestFollows)
             return actions
@@ -499,10 +501,18 @@ public struct SyncSession: Sendable {
         staged.append(frame)
         stagedCursor = frame.seq
         statistics.staged += 1
-        if staged.count >= configuration.ackBatch && commitInFlight == nil {
+        if (staged.count >= configuration.ackBatch || replayComplete) && commitInFlight == nil {
             return commitStaged(acknowledge: true)
         }
         return []
+    }
+
+    /// The replay has delivered STREAM_INFO's head: the partial batch is committed and acknowledged at once
+    /// instead of after the idle timeout (nothing more is coming; waiting would only hold the link). Not once
+    /// caught up: live events past the head keep being batched by count and idle.
+    private var replayComplete: Bool {
+        guard !isCaughtUp, let head = knownHead else { return false }
+        return stagedCursor >= head
     }
 
     private mutating func commitStaged(acknowledge: Bool) -> [SyncAction] {

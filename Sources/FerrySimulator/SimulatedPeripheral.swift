@@ -29,6 +29,9 @@ public final class SimulatedPeripheral {
         public var payloadSize: ClosedRange<Int> = 16...40
         /// While linked, a new (live) event every this many simulated seconds. nil: no live events.
         public var liveEventInterval: Double?
+        /// A firmware that honours at most this window whatever the SYNC_REQ asks (a fixed buffer of
+        /// unacknowledged frames). nil: the requested window.
+        public var maxWindow: Int?
 
         public init() {}
     }
@@ -139,6 +142,9 @@ public final class SimulatedPeripheral {
         public var staleControl = 0
         /// SYNC_REQs answered by a stalled link with one stale duplicate.
         public var staleAnswers = 0
+        /// Most DATA frames ever on the air beyond the last ACK (or SYNC_REQ) of a link: above the ACK cadence
+        /// only when the gateway pipelines (window > cadence) and the peripheral lets it.
+        public var maxFramesBeyondAck = 0
     }
 
     /// Bytes at the start of every generated payload: generation (UInt32 BE) and seq (UInt64 BE), so a
@@ -332,7 +338,7 @@ public final class SimulatedPeripheral {
                 return
             }
             link.streaming = true
-            link.window = Int(window)
+            link.window = min(Int(window), configuration.maxWindow ?? Int.max)
             link.ackBase = frame.seq
             link.nextSeq = frame.seq &+ 1
             // Notifications already queued stay on the air: PROTOCOL §4's "rest of the old window is still
@@ -472,6 +478,7 @@ public final class SimulatedPeripheral {
             let base = max(link.ackBase, firstRetained - 1)
             guard link.nextSeq - base <= UInt64(link.window) else { break }
             appendDataFrame(seq: link.nextSeq, to: &burst)
+            statistics.maxFramesBeyondAck = max(statistics.maxFramesBeyondAck, Int(link.nextSeq - base))
             highest = link.nextSeq
             link.nextSeq += 1
             link.framesSent += 1

@@ -61,6 +61,11 @@ public final class SimulatedTransport: SyncTransport {
         peripheral.controlWritten(bytes, link: linkID)
     }
 
+    /// The simulated radio loses CONTROL writes only as a link loss, so an ACK goes the same way as a request.
+    public func writeAck(_ bytes: [UInt8]) async throws {
+        try await writeControl(bytes)
+    }
+
     public func disconnect() async {
         closedByGateway = true
         peripheral.disconnect(linkID)

@@ -33,7 +33,10 @@ public enum LiveSessionDriver {
                 armedFor = nil
                 return
             }
-            if armedFor == deadline { return }
+            // The idle deadline moves later with every notification: a timer armed for an earlier time is
+            // left running (its tick finds nothing due and re-arms once), instead of a new timer task per
+            // notification. Only an earlier deadline replaces it.
+            if let armed = armedFor, armed <= deadline { return }
             timer?.cancel()
             armedFor = deadline
             let delay = max(0, deadline - clock.now())

@@ -8,8 +8,11 @@ public protocol SyncTransport: AnyObject {
     func readStreamInfo() async throws -> [UInt8]
     /// Subscribe to DATA. Called again after a stream rebase: must be idempotent.
     func subscribe() async throws
-    /// One frame (SYNC_REQ or SYNC_ACK) to CONTROL.
+    /// A SYNC_REQ to CONTROL, reliably (write with response).
     func writeControl(_ bytes: [UInt8]) async throws
+    /// A SYNC_ACK to CONTROL. May be unreliable (write-without-response): a lost ACK is covered by the next
+    /// one, and a peripheral left waiting by the stall rule's SYNC_REQ.
+    func writeAck(_ bytes: [UInt8]) async throws
     func disconnect() async
 }
 
@@ -45,6 +48,26 @@ public struct SyncSummary: Sendable, Equatable {
     public var backpressure = false
     /// The backpressure came from SQLITE_FULL: the file system itself had no room for the window.
     public var diskFull = false
+}
+
+/// When each step of a session completed, on the runner's monotonic clock (nil: not reached). `ferry sync
+/// --json` reports them with the connect steps before the session; the daemon logs them at debug level.
+public struct SessionPhases: Sendable, Equatable {
+    /// STREAM_INFO read at the start (nil without STREAM_INFO).
+    public var streamInfo: Double?
+    /// DATA subscribed (the first time: a stream rebase subscribes again).
+    public var subscribed: Double?
+    /// The first DATA bytes arrived.
+    public var firstData: Double?
+    /// The last DATA bytes arrived (so far).
+    public var lastData: Double?
+    /// Everything the peripheral had is committed (the state machine's `caughtUp`).
+    public var caughtUp: Double?
+    /// The latest SYNC_ACK written: at the end of a session, the final one.
+    public var finalAck: Double?
+    /// The link was released (disconnect returned, or the link was lost).
+    public var disconnected: Double?
+    public init() {}
 }
 
 /// How a session ended, typed (the scheduler, `ferry sync` and `peripheral_sync_state` decide on it).
@@ -98,6 +121,7 @@ public final class SyncSessionRunner {
     /// Highest cursor the store confirmed in this session (or loaded at its start).
     public private(set) var lastCommittedCursor: UInt64 = 0
     public private(set) var acksSent: [UInt64] = []
+    public private(set) var phases = SessionPhases()
     /// Set by an action that ends the session early: the actions queued behind it are dropped.
     private var dropQueuedActions = false
 
@@ -131,14 +155,23 @@ public final class SyncSessionRunner {
 
     public var nextDeadline: Double? { machine.nextDeadline }
 
+    /// When `start()` ran (the reference of the phases' debug line).
+    public private(set) var startedAt: Double?
+
     public func start() async {
+        startedAt = clock.now()
         await execute(machine.connected(hasStreamInfo: transport.hasStreamInfo, now: clock.now()))
     }
 
     public func receive(_ bytes: [UInt8]) async {
         summary.bytesReceived &+= bytes.count
         metrics?.received(bytes: bytes.count)
-        await execute(machine.bytesReceived(bytes, now: clock.now()))
+        let now = clock.now()
+        if !bytes.isEmpty {
+            if phases.firstData == nil { phases.firstData = now }
+            phases.lastData = now
+        }
+        await execute(machine.bytesReceived(bytes, now: now))
     }
 
     public func timerFired() async {
@@ -147,6 +180,7 @@ public final class SyncSessionRunner {
 
     /// The link dropped (the transport saw EOF or a Disconnected signal).
     public func linkLost() async {
+        if phases.disconnected == nil { phases.disconnected = clock.now() }
         await execute(machine.disconnected(now: clock.now()))
         if summary.end == nil {
             // Recorded like any other end: `ferry peripherals` must not keep showing the previous session's.
@@ -179,7 +213,9 @@ public final class SyncSessionRunner {
         switch action {
         case .readStreamInfo:
             do {
-                return machine.streamInfoRead(try await transport.readStreamInfo(), now: clock.now())
+                let bytes = try await transport.readStreamInfo()
+                if phases.streamInfo == nil { phases.streamInfo = clock.now() }
+                return machine.streamInfoRead(bytes, now: clock.now())
             } catch {
                 return machine.streamInfoFailed("\(error)", now: clock.now())
             }
@@ -211,6 +247,7 @@ public final class SyncSessionRunner {
         case .subscribe:
             do {
                 try await transport.subscribe()
+                if phases.subscribed == nil { phases.subscribed = clock.now() }
                 return []
             } catch {
                 // Without DATA the session cannot run (e.g. BlueZ still holds a dead process's AcquireNotify:
@@ -222,6 +259,7 @@ public final class SyncSessionRunner {
                 dropQueuedActions = true
                 let flush = machine.disconnected(now: clock.now())
                 await transport.disconnect()
+                if phases.disconnected == nil { phases.disconnected = clock.now() }
                 finished = true
                 return flush
             }
@@ -239,8 +277,9 @@ public final class SyncSessionRunner {
                 return []
             }
             do {
-                try await transport.writeControl(Frame.syncAck(committed: seq).encoded())
+                try await transport.writeAck(Frame.syncAck(committed: seq).encoded())
                 acksSent.append(seq)
+                phases.finalAck = clock.now()
             } catch {
                 log.log(.warning, "SYNC_ACK write failed: \(error)")
             }
@@ -279,6 +318,7 @@ public final class SyncSessionRunner {
                 return machine.commitFailed(now: clock.now())
             }
         case .caughtUp(let cursor):
+            if phases.caughtUp == nil { phases.caughtUp = clock.now() }
             log.log(.debug, "caught up at \(cursor)")
             return []
         case .disconnect(let reason):
@@ -299,9 +339,26 @@ public final class SyncSessionRunner {
             }
             recordSessionEnd()
             await transport.disconnect()
+            if phases.disconnected == nil { phases.disconnected = clock.now() }
             finished = true
+            logPhases()
             return []
         }
+    }
+
+    /// The phase times at debug level, relative to the session's start (`start()`): where a session's link
+    /// time goes (setup, data, teardown).
+    private func logPhases() {
+        let p = phases
+        func at(_ t: Double?) -> String {
+            guard let t, let origin = startedAt else { return "-" }
+            return String(Int(((t - origin) * 1000).rounded())) + "ms"
+        }
+        log.log(
+            .debug,
+            "session phases: stream_info \(at(p.streamInfo)) subscribed \(at(p.subscribed)) first_data "
+                + "\(at(p.firstData)) last_data \(at(p.lastData)) caught_up \(at(p.caughtUp)) final_ack "
+                + "\(at(p.finalAck)) disconnected \(at(p.disconnected))")
     }
 
     /// Extra attempts of a commit that found the store locked by another writer. Each attempt waits out

@@ -29,7 +29,8 @@ import Testing
         #expect(c.databasePath == "/var/lib/ferry/ferry.sqlite")
         #expect(c.maxConnections == 3)
         #expect(c.allowAnySyncPeripheral == false)
-        #expect(c.window == 20)
+        #expect(c.window == 40 && c.ackEvery == nil && c.effectiveAckEvery == 20, "pipelined by default")
+        #expect(c.sessionConfiguration.window == 40 && c.sessionConfiguration.ackBatch == 20)
         #expect(c.noProgressSeconds == 30 && c.maxSessionSeconds == 600)
         #expect(c.syncIntervalSeconds == 60)
         #expect(c.logLevel == .info)
@@ -119,6 +120,17 @@ import Testing
         try c.validate()
     }
 
+    @Test func windowAndAckCadence() throws {
+        let c = try parse(#"{"window": 100, "ack_every": 25}"#)
+        #expect(c.sessionConfiguration.window == 100 && c.sessionConfiguration.ackBatch == 25)
+        // A config from before ack_every with a window below 20: the cadence follows the window.
+        let small = try parse(#"{"window": 8}"#)
+        #expect(small.sessionConfiguration.window == 8 && small.sessionConfiguration.ackBatch == 8)
+        // Stop-and-wait, as before the pipelined default.
+        let stopAndWait = try parse(#"{"window": 20}"#)
+        #expect(stopAndWait.sessionConfiguration.ackBatch == 20)
+    }
+
     @Test func theAllowlistDecidesUnlessLabModeIsOn() throws {
         var c = try parse(#"{"peripherals": ["C0:FF:EE:00:00:01"]}"#)
         let listed = PeripheralAddress("C0:FF:EE:00:00:01")!
@@ -138,6 +150,8 @@ import Testing
         #expect(error("{\(valid), \"max_connections\": 0}")?.key == "max_connections")
         #expect(error("{\(valid), \"max_connections\": 2.5}")?.problem.contains("whole number") == true)
         #expect(error("{\(valid), \"window\": 70000}")?.key == "window")
+        #expect(error("{\(valid), \"window\": 20, \"ack_every\": 21}")?.key == "ack_every")
+        #expect(error("{\(valid), \"ack_every\": 0}")?.key == "ack_every")
         #expect(error("{\(valid), \"no_progress_seconds\": 1}")?.key == "no_progress_seconds")
         #expect(error("{\(valid), \"max_session_seconds\": 0}")?.key == "max_session_seconds")
         #expect(error("{\(valid), \"allow_any_sync_peripheral\": 1}")?.key == "allow_any_sync_peripheral")

@@ -47,7 +47,7 @@ struct SimulatedPeripheralTests {
         try peripheral.record(count: 30)
         let transport = SimulatedTransport(connectingTo: peripheral, now: 0)
         try await transport.subscribe()
-        try await transport.writeControl(Frame.syncRequest(lastCommitted: 0).encoded())
+        try await transport.writeControl(Frame.syncRequest(lastCommitted: 0, window: 20).encoded())
         _ = drain(transport)  // 1...20 sent
         try await transport.writeControl(Frame.syncAck(committed: 25).encoded())  // 21... never sent
         try await transport.writeControl(Frame.syncAck(committed: 10).encoded())
@@ -76,7 +76,7 @@ struct SimulatedPeripheralTests {
         try first.record(count: 150)
         let transport = SimulatedTransport(connectingTo: first, now: 0)
         try await transport.subscribe()
-        try await transport.writeControl(Frame.syncRequest(lastCommitted: 0).encoded())
+        try await transport.writeControl(Frame.syncRequest(lastCommitted: 0, window: 20).encoded())
         _ = drain(transport)
         try await transport.writeControl(Frame.syncAck(committed: 70).encoded())
         try first.regressCounter()

@@ -35,25 +35,46 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
 @Suite struct SyncSessionTests {
     @Test func happyPathInTwentyFrameWindowsThenIdleCommitThenCaughtUp() {
         var (s, start) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
-        #expect(start == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(start == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(1...25), now: 1) == [batch(0, 1...20)])
         #expect(s.commitFinished(cursor: 20, now: 1) == [.sendSyncAck(20)])
-        // 21...45 staged: one commit of 20 at a time, the rest waits.
+        // 21...50 staged: one commit of 20 at a time, the rest waits.
         #expect(s.bytesReceived(dataBytes(26...50), now: 2) == [batch(20, 21...40)])
-        #expect(s.commitFinished(cursor: 40, now: 2) == [.sendSyncAck(40)])
-        // The partial window (41...50) is committed only when DATA has been idle for 0.25 s.
-        #expect(s.nextDeadline == 2.25)
-        #expect(s.timerFired(now: 2.125) == [])
-        #expect(s.timerFired(now: 2.25) == [batch(40, 41...50)])
-        #expect(s.commitFinished(cursor: 50, now: 2.5) == [.sendSyncAck(50), .caughtUp(cursor: 50), .disconnect(.caughtUp)])
+        // The partial window (41...50) reaches STREAM_INFO's head: committed at once, no idle wait.
+        #expect(s.commitFinished(cursor: 40, now: 2) == [.sendSyncAck(40), batch(40, 41...50)])
+        #expect(s.commitFinished(cursor: 50, now: 2) == [.sendSyncAck(50), .caughtUp(cursor: 50), .disconnect(.caughtUp)])
         #expect(s.isClosed)
         #expect(s.nextDeadline == nil)
         #expect(s.statistics.committedFrames == 50 && s.statistics.acks == 3 && s.statistics.syncRequests == 1)
     }
 
+    @Test func partialWindowBelowTheHeadWaitsForIdle() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 60))
+        #expect(s.bytesReceived(dataBytes(1...25), now: 1) == [batch(0, 1...20)])
+        #expect(s.commitFinished(cursor: 20, now: 1) == [.sendSyncAck(20)])
+        // 21...25 staged, the head is 60: more may come, so the partial window waits for 0.25 s of silence.
+        #expect(s.nextDeadline == 1.25)
+        #expect(s.timerFired(now: 1.125) == [])
+        #expect(s.timerFired(now: 1.25) == [batch(20, 21...25)])
+        #expect(s.commitFinished(cursor: 25, now: 1.25) == [.sendSyncAck(25)])
+    }
+
+    /// Pipelined: frames past the batch being committed keep arriving; each commit takes one batch of 20, and an
+    /// ACK only ever follows the commit that covers it.
+    @Test func pipelinedFramesPastTheBatchAreStagedNotAcknowledged() {
+        var (s, start) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 100))
+        #expect(start == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 40)])
+        // 40 frames in one go (the whole window): one commit of 20; 21...40 wait behind it.
+        #expect(s.bytesReceived(dataBytes(1...40), now: 1) == [batch(0, 1...20)])
+        #expect(s.commitFinished(cursor: 20, now: 1) == [.sendSyncAck(20), batch(20, 21...40)])
+        #expect(s.bytesReceived(dataBytes(41...45), now: 1) == [])
+        #expect(s.commitFinished(cursor: 40, now: 1) == [.sendSyncAck(40)])
+        #expect(s.statistics.acks == 2 && s.statistics.committedFrames == 40)
+    }
+
     @Test func duplicatesAreDroppedAndCounted() {
         var (s, start) = startedSession(cursor: 10, streamInfo: info(oldest: 1, head: 30))
-        #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: 20)])
+        #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(5...15), now: 1) == [])
         #expect(s.statistics.duplicates == 6)
         #expect(s.bytesReceived(dataBytes(11...12) + dataBytes(16...16), now: 1) == [])
@@ -120,7 +141,7 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.timerFired(now: 1.375) == [batch(0, 1...5, ack: false)])
         // No SYNC_ACK here: it would open the old window ahead of our re-request.
         #expect(s.commitFinished(cursor: 5, now: 1.5) == [.readStreamInfo])
-        #expect(s.streamInfoRead(info(oldest: 1, head: 50), now: 1.5) == [.sendSyncRequest(lastCommitted: 5, window: 20)])
+        #expect(s.streamInfoRead(info(oldest: 1, head: 50), now: 1.5) == [.sendSyncRequest(lastCommitted: 5, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(6...25), now: 1.75) == [batch(5, 6...25)])
         #expect(s.commitFinished(cursor: 25, now: 1.75) == [.sendSyncAck(25)])
         #expect(s.statistics.gapsRecorded == 0)
@@ -131,15 +152,15 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
     /// cursor: one lost first notification must not declare events lost (docs/PROTOCOL.md, decisions).
     @Test func replaySkippingThreeTimesRecordsTheGapInTheSameCommit() {
         var (s, start) = startedSession(cursor: 0, streamInfo: nil)
-        #expect(start == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(start == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(1...3) + dataBytes(6...8), now: 1) == [])
         #expect(s.timerFired(now: 1.25) == [batch(0, 1...3, ack: false)])
-        #expect(s.commitFinished(cursor: 3, now: 1.25) == [.sendSyncRequest(lastCommitted: 3, window: 20)])
+        #expect(s.commitFinished(cursor: 3, now: 1.25) == [.sendSyncRequest(lastCommitted: 3, window: Frame.defaultWindow)])
         // The first two skipped replays only drain and ask again.
         #expect(s.bytesReceived(dataBytes(6...8), now: 1.5) == [])
-        #expect(s.timerFired(now: 1.75) == [.sendSyncRequest(lastCommitted: 3, window: 20)])
+        #expect(s.timerFired(now: 1.75) == [.sendSyncRequest(lastCommitted: 3, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(6...8), now: 2) == [])
-        #expect(s.timerFired(now: 2.25) == [.sendSyncRequest(lastCommitted: 3, window: 20)])
+        #expect(s.timerFired(now: 2.25) == [.sendSyncRequest(lastCommitted: 3, window: Frame.defaultWindow)])
         #expect(s.statistics.gapsRecorded == 0)
         // The third one is proof: the GAP goes into the same commit as the frames after it.
         #expect(s.bytesReceived(dataBytes(6...25), now: 2.5) == [batch(3, 6...25, gap: 4...5)])
@@ -151,7 +172,7 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         var (s, _) = startedSession(cursor: 0, streamInfo: nil)
         _ = s.bytesReceived(dataBytes(1...3) + dataBytes(6...8), now: 1)
         _ = s.timerFired(now: 1.25)
-        #expect(s.commitFinished(cursor: 3, now: 1.25) == [.sendSyncRequest(lastCommitted: 3, window: 20)])
+        #expect(s.commitFinished(cursor: 3, now: 1.25) == [.sendSyncRequest(lastCommitted: 3, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(4...23), now: 1.5) == [batch(3, 4...23)])
         #expect(s.statistics.gapsRecorded == 0)
     }
@@ -161,10 +182,9 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
     @Test func streamInfoOldestBeyondCursorAtStart() {
         var (s, start) = startedSession(cursor: 10, streamInfo: info(oldest: 31, head: 40))
         #expect(start == [.subscribe, batch(10, nil, gap: 11...30, ack: false)])
-        #expect(s.commitFinished(cursor: 30, now: 0.5) == [.sendSyncRequest(lastCommitted: 30, window: 20), .sendSyncAck(30)])
-        #expect(s.bytesReceived(dataBytes(31...40), now: 1) == [])
-        #expect(s.timerFired(now: 1.25) == [batch(30, 31...40)])
-        #expect(s.commitFinished(cursor: 40, now: 1.25) == [.sendSyncAck(40), .caughtUp(cursor: 40), .disconnect(.caughtUp)])
+        #expect(s.commitFinished(cursor: 30, now: 0.5) == [.sendSyncRequest(lastCommitted: 30, window: Frame.defaultWindow), .sendSyncAck(30)])
+        #expect(s.bytesReceived(dataBytes(31...40), now: 1) == [batch(30, 31...40)])
+        #expect(s.commitFinished(cursor: 40, now: 1) == [.sendSyncAck(40), .caughtUp(cursor: 40), .disconnect(.caughtUp)])
     }
 
     @Test func streamInfoOldestBeyondCursorAfterAGap() {
@@ -173,7 +193,7 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.timerFired(now: 1.25) == [batch(0, 1...5, ack: false)])
         #expect(s.commitFinished(cursor: 5, now: 1.25) == [.readStreamInfo])
         #expect(s.streamInfoRead(info(oldest: 12, head: 50), now: 1.25) == [batch(5, nil, gap: 6...11, ack: false)])
-        #expect(s.commitFinished(cursor: 11, now: 1.5) == [.sendSyncRequest(lastCommitted: 11, window: 20), .sendSyncAck(11)])
+        #expect(s.commitFinished(cursor: 11, now: 1.5) == [.sendSyncRequest(lastCommitted: 11, window: Frame.defaultWindow), .sendSyncAck(11)])
         #expect(s.bytesReceived(dataBytes(12...31), now: 2) == [batch(11, 12...31)])
     }
 
@@ -189,7 +209,7 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         _ = s.connected(hasStreamInfo: true, now: 0)
         #expect(s.streamInfoRead(info(epoch: 0xDEAD_BEEF, oldest: 1, head: 5), now: 0) == [.loadCursor(epoch: 0xDEAD_BEEF)])
         #expect(s.epoch == 0xDEAD_BEEF)
-        #expect(s.cursorLoaded(0, now: 0) == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.cursorLoaded(0, now: 0) == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
     }
 
     @Test func epochChangeMidSessionEndsTheSession() {
@@ -207,10 +227,9 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         var (s, start) = startedSession(cursor: 900, streamInfo: info(oldest: 1, head: 12))
         #expect(start == [.recordRegression(epoch: 7, cursor: 900, head: 12)])
         #expect(s.statistics.regressions == 1)
-        #expect(s.cursorLoaded(0, now: 0.5) == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
-        #expect(s.bytesReceived(dataBytes(1...12), now: 1) == [])
+        #expect(s.cursorLoaded(0, now: 0.5) == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
+        #expect(s.bytesReceived(dataBytes(1...12), now: 1) == [batch(0, 1...12)])
         #expect(s.statistics.duplicates == 0)
-        #expect(s.timerFired(now: 1.25) == [batch(0, 1...12)])
     }
 
     @Test func regressionSeenWhenReReadingStreamInfoAfterAGap() {
@@ -219,34 +238,34 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.timerFired(now: 1.25) == [batch(100, 101...102, ack: false)])
         #expect(s.commitFinished(cursor: 102, now: 1.25) == [.readStreamInfo])
         #expect(s.streamInfoRead(info(oldest: 1, head: 5), now: 1.25) == [.recordRegression(epoch: 7, cursor: 102, head: 5)])
-        #expect(s.cursorLoaded(0, now: 1.5).contains(.sendSyncRequest(lastCommitted: 0, window: 20)))
+        #expect(s.cursorLoaded(0, now: 1.5).contains(.sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)))
     }
 
     @Test func responseTimeoutRetriesThreeTimesThenDisconnects() {
         var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
         #expect(s.nextDeadline == 2)
         #expect(s.timerFired(now: 1.75) == [])
-        #expect(s.timerFired(now: 2) == [.sendSyncRequest(lastCommitted: 0, window: 20)])
-        #expect(s.timerFired(now: 4) == [.sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.timerFired(now: 2) == [.sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
+        #expect(s.timerFired(now: 4) == [.sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
         #expect(s.timerFired(now: 6) == [.disconnect(.noResponse)])
         #expect(s.statistics.syncRequests == 3)
     }
 
     @Test func dataResetsTheRetryCount() {
         var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
-        #expect(s.timerFired(now: 2) == [.sendSyncRequest(lastCommitted: 0, window: 20)])
-        #expect(s.timerFired(now: 4) == [.sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(s.timerFired(now: 2) == [.sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
+        #expect(s.timerFired(now: 4) == [.sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(1...20), now: 5) == [batch(0, 1...20)])
         #expect(s.commitFinished(cursor: 20, now: 5) == [.sendSyncAck(20)])
-        #expect(s.timerFired(now: 7) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
-        #expect(s.timerFired(now: 9) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
-        #expect(s.timerFired(now: 11) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.timerFired(now: 7) == [.sendSyncRequest(lastCommitted: 20, window: Frame.defaultWindow)])
+        #expect(s.timerFired(now: 9) == [.sendSyncRequest(lastCommitted: 20, window: Frame.defaultWindow)])
+        #expect(s.timerFired(now: 11) == [.sendSyncRequest(lastCommitted: 20, window: Frame.defaultWindow)])
         #expect(s.timerFired(now: 13) == [.disconnect(.noResponse)])
     }
 
     @Test func caughtUpAtStartWithStreamInfo() {
         let (s, start) = startedSession(cursor: 50, streamInfo: info(oldest: 30, head: 50))
-        #expect(start == [.subscribe, .sendSyncAck(50), .sendSyncRequest(lastCommitted: 50, window: 20),
+        #expect(start == [.subscribe, .sendSyncAck(50), .sendSyncRequest(lastCommitted: 50, window: Frame.defaultWindow),
                           .caughtUp(cursor: 50), .disconnect(.caughtUp)])
         #expect(s.isCaughtUp && s.isClosed)
     }
@@ -265,10 +284,10 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
     /// cursor is acknowledged at the start (frames of a dropped link were committed without ACK).
     @Test func caughtUpWithoutStreamInfoAndNothingNewStillAcknowledges() {
         var (s, start) = startedSession(cursor: 10, streamInfo: nil)
-        #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: 20)])
+        #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: Frame.defaultWindow)])
         #expect(s.timerFired(now: 2) == [.caughtUp(cursor: 10), .disconnect(.caughtUp)])
         var (fresh, freshStart) = startedSession(cursor: 0, streamInfo: nil)
-        #expect(freshStart == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 20)])
+        #expect(freshStart == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: Frame.defaultWindow)])
         #expect(fresh.timerFired(now: 2) == [.sendSyncAck(0), .caughtUp(cursor: 0), .disconnect(.caughtUp)])
     }
 
@@ -276,7 +295,7 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         var config = SyncSession.Configuration()
         config.stayConnected = true
         var (s, start) = startedSession(cursor: 5, streamInfo: info(oldest: 1, head: 5), configuration: config)
-        #expect(start == [.subscribe, .sendSyncAck(5), .sendSyncRequest(lastCommitted: 5, window: 20), .caughtUp(cursor: 5)])
+        #expect(start == [.subscribe, .sendSyncAck(5), .sendSyncRequest(lastCommitted: 5, window: Frame.defaultWindow), .caughtUp(cursor: 5)])
         #expect(!s.isClosed)
         #expect(s.bytesReceived(dataBytes(6...6), now: 10) == [])
         #expect(s.timerFired(now: 10.25) == [batch(5, 6...6)])
@@ -316,7 +335,7 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.timerFired(now: 1.25) == [batch(0, 1...1, ack: false)])
         #expect(s.decoder.statistics.stalls == 1)
         #expect(s.commitFinished(cursor: 1, now: 1.25) == [.readStreamInfo])
-        #expect(s.streamInfoRead(info(oldest: 1, head: 50), now: 1.25) == [.sendSyncRequest(lastCommitted: 1, window: 20)])
+        #expect(s.streamInfoRead(info(oldest: 1, head: 50), now: 1.25) == [.sendSyncRequest(lastCommitted: 1, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(2...21), now: 1.5) == [batch(1, 2...21)])
     }
 
@@ -365,12 +384,12 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
         #expect(s.commitFinished(cursor: 20, now: 1) == [.sendSyncAck(20)])
         // Nothing new: the response timeout re-sends SYNC_REQ; each is answered by one old frame.
-        #expect(s.timerFired(now: 3) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.timerFired(now: 3) == [.sendSyncRequest(lastCommitted: 20, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(20...20), now: 3.1) == [])
         #expect(s.nextDeadline == 5)
-        #expect(s.timerFired(now: 5) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.timerFired(now: 5) == [.sendSyncRequest(lastCommitted: 20, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(19...19), now: 5.1) == [])
-        #expect(s.timerFired(now: 7) == [.sendSyncRequest(lastCommitted: 20, window: 20)])
+        #expect(s.timerFired(now: 7) == [.sendSyncRequest(lastCommitted: 20, window: Frame.defaultWindow)])
         #expect(s.bytesReceived(dataBytes(20...20), now: 7.1) == [])
         #expect(s.timerFired(now: 9) == [.disconnect(.noResponse)])
         #expect(s.isClosed && s.statistics.duplicates == 3)

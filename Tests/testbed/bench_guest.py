@@ -1,106 +1,155 @@
 #!/usr/bin/env python3
-"""Guest side of scripts/bench-bluez: in ONE boot (one --notify-rate), four readers of the same stream, one
-peripheral each, one after the other (so they never share the 2 emulated CPUs):
+"""Guest side of scripts/bench-bluez: in ONE boot, Ferry and bleak alternate, each against its own fresh
+emulated peripheral with the same events (all peripherals get the same --events; unpaced, MTU 517):
 
-  ferry-acquire  ferry sync --notify acquire --window W   (the Sync protocol: ACK per 20, gap re-request)
-  ferry-start    ferry sync --notify start   --window W
-  bleak-start    bleak_reader.py (bleak's default StartNotify), one SYNC_REQ(0, 65535), no ACK, no re-request
-  bleak-acquire  bleak_reader.py --acquire
+  ferry-w20        ferry sync --window 20 --ack-every 20    (stop-and-wait, the comparison with bleak)
+  ferry-pipelined  ferry sync --window W --ack-every 20     (Ferry's default: W = 40)
+  bleak-w20        bleak_reader.py --window 20 --ack-every 20 (AcquireNotify, ACKs without response)
 
-Rates come from the peripheral's stats JSON, polled every 0.1 s (the peripheral rewrites it within 0.5 s of
-a change): data phase = first poll with frames_sent > 0 to the first poll where the reader is done.
+`--rounds R` runs the three R times, in a rotating order (R × 3 peripherals needed). One session at a time:
+they never share the two emulated CPUs.
+
+Measured per session:
+- data phase, on the PERIPHERAL's clock: first to last DATA frame it put on the air (its stats file); the
+  same yardstick for every central, start-up and connect excluded. frames/s = frames sent / data phase.
+- link held: the peripheral's connection to disconnection; overhead = link held − data phase (connect,
+  service resolution, STREAM_INFO, subscribe, final ACK, disconnect: what limits sessions per hour).
+- CPU: Ferry's whole process, user + sys from wait4() (start-up, BlueZ object tree, connect included);
+  bleak's sync phase only (time.process_time() from subscribe to the final ACK, interpreter start-up, scan
+  and connect excluded: that favours bleak). Also bluetoothd's and dbus-daemon's CPU over the session.
 Writes RESULTS/bench.json.
 """
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bedlib as b  # noqa: E402
 
 BLEAK_PYTHON = os.environ.get("BENCH_BLEAK_PYTHON", os.path.join(b.ROOT, ".testbed", "bench-venv", "bin", "python"))
+HZ = os.sysconf("SC_CLK_TCK")
 
 
-def watch(addr: str, proc: subprocess.Popen, limit: float) -> dict:
-    """Polls the peripheral's stats while `proc` runs; returns the data-phase timing."""
-    t_first = t_last_change = None
-    deadline = time.monotonic() + limit
-    last = None
-    while proc.poll() is None and time.monotonic() < deadline:
-        s = b.stats(addr)
-        if t_first is None and s["frames_sent"] > 0:
-            t_first = time.monotonic()
-        if last is None or s["frames_sent"] != last["frames_sent"]:
-            t_last_change = time.monotonic()
-        last = s
-        time.sleep(0.1)
-    if proc.poll() is None:
-        proc.kill()
-    s = b.stats(addr)
-    if last is None or s["frames_sent"] != last["frames_sent"]:
-        t_last_change = time.monotonic()
-    return {"stats": s, "data_seconds": (t_last_change - t_first) if t_first and t_last_change else None}
+def arg(name: str, default: str) -> str:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
-def run_reader(name: str, addr: str, events: int, window: int) -> dict:
-    if name.startswith("ferry"):
-        db = os.path.join(b.scratch(), f"{name}.sqlite")
-        cmd = ["timeout", "-k", "5", "300", b.FERRY, *b.sync_args(addr, db, "--notify", name.split("-")[1],
-                                                                    "--window", str(window), timeout=280)]
-    else:
-        cmd = ["timeout", "-k", "5", "300", BLEAK_PYTHON, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                                         "bleak_reader.py"), addr, str(events),
-               "--adapter", b.adapter()] + (["--acquire"] if name == "bleak-acquire" else [])
+def daemon_cpu() -> dict:
+    """user+sys seconds of bluetoothd and dbus-daemon so far (/proc/PID/stat fields 14+15)."""
+    out = {"bluetoothd": 0.0, "dbus-daemon": 0.0}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        if name in out:
+            fields = stat[stat.rindex(")") + 2:].split()
+            out[name] += (int(fields[11]) + int(fields[12])) / HZ
+    return out
+
+
+def run_measured(cmd: list[str], log_name: str, limit: float) -> tuple[int, str, float, float]:
+    """Runs cmd; returns (rc, stdout, wall seconds, user+sys CPU seconds of the process and its children)."""
+    out_path = os.path.join(b.scratch(), f"{log_name}.out")
+    err_path = os.path.join(b.scratch(), f"{log_name}.err")
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    timing = watch(addr, proc, 310)
-    out, err = proc.communicate()
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        killer = threading.Timer(limit, proc.kill)
+        killer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        killer.cancel()
     wall = time.monotonic() - t0
-    with open(os.path.join(b.results_dir(), f"{name}.log"), "w") as f:
-        f.write(f"$ {' '.join(cmd)}\n# rc={proc.returncode} {wall:.2f}s\n{out}\n{err}\n")
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    reported = json.loads(lines[-1]) if lines else {}
-    s = timing["stats"]
-    row = {"reader": name, "rc": proc.returncode, "events": events, "wall_seconds": round(wall, 2),
-           "data_seconds": round(timing["data_seconds"], 2) if timing["data_seconds"] else None,
-           "peripheral_frames_sent": s["frames_sent"], "peripheral_notifications_sent": s["notifications_sent"],
-           "peripheral_violations": s["violations"], "reported": reported}
+    rc = os.waitstatus_to_exitcode(status)
+    stdout = open(out_path).read()
+    stderr = open(err_path).read()
+    with open(os.path.join(b.results_dir(), f"{log_name}.log"), "w") as f:
+        f.write(f"$ {' '.join(cmd)}\n# rc={rc} {wall:.2f}s cpu={usage.ru_utime + usage.ru_stime:.3f}s\n{stdout}\n{stderr}\n")
+    return rc, stdout, wall, usage.ru_utime + usage.ru_stime
+
+
+def run_session(name: str, addr: str, events: int, window: int, ack_every: int, index: int) -> dict:
+    log_name = f"{index:02d}-{name}"
     if name.startswith("ferry"):
-        store = b.Store(os.path.join(b.scratch(), f"{name}.sqlite"))
+        db = os.path.join(b.scratch(), f"{log_name}.sqlite")
+        cmd = [b.FERRY, *b.sync_args(addr, db, "--notify", "acquire", "--window", str(window),
+                                     "--ack-every", str(ack_every), timeout=280)]
+    else:
+        cmd = [BLEAK_PYTHON, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bleak_reader.py"), addr,
+               str(events), "--adapter", b.adapter(), "--window", str(window), "--ack-every", str(ack_every)]
+    before = daemon_cpu()
+    rc, stdout, wall, cpu = run_measured(cmd, log_name, 300)
+    after = daemon_cpu()
+    lines = [l for l in stdout.splitlines() if l.startswith("{")]
+    reported = json.loads(lines[-1]) if lines else {}
+    # The peripheral writes its stats within 0.5 s of a change: wait for the disconnection to show.
+    s = b.stats_when(addr, lambda x: x.get("disconnected_at") is not None, timeout=5)
+    row = {"reader": name, "peripheral": addr, "rc": rc, "events": events, "window": window, "ack_every": ack_every,
+           "wall_seconds": round(wall, 3), "process_cpu_seconds": round(cpu, 3),
+           "bluetoothd_cpu_seconds": round(after["bluetoothd"] - before["bluetoothd"], 3),
+           "dbus_daemon_cpu_seconds": round(after["dbus-daemon"] - before["dbus-daemon"], 3),
+           "peripheral_frames_sent": s["frames_sent"], "peripheral_notifications_sent": s["notifications_sent"],
+           "peripheral_violations": s["violations"], "peripheral_acks_received": s["acks_received"],
+           "peripheral_highest_ack": s["highest_ack"], "mtu": s.get("mtu"), "reported": reported}
+    if s.get("first_data_at") is not None and s.get("last_data_at") is not None:
+        row["data_seconds"] = round(s["last_data_at"] - s["first_data_at"], 4)
+    if s.get("connected_at") is not None and s.get("disconnected_at") is not None:
+        row["link_seconds"] = round(s["disconnected_at"] - s["connected_at"], 4)
+    if row.get("data_seconds"):
+        row["frames_per_second"] = round(s["frames_sent"] / row["data_seconds"], 1)
+    if "data_seconds" in row and "link_seconds" in row:
+        row["overhead_seconds"] = round(row["link_seconds"] - row["data_seconds"], 4)
+    if name.startswith("ferry"):
+        store = b.Store(os.path.join(b.scratch(), f"{log_name}.sqlite"))
         frames = store.frames(addr, s["epoch"])
         store.close()
         row["delivered"] = len(frames)  # distinct seqs durably stored
-        row["first_pass_lost"] = s["frames_sent"] - events  # frames the peripheral had to send again
-        row["corrupt_runs"] = reported.get("corrupt")
         row["gaps_recorded"] = reported.get("gaps")
+        row["cpu_seconds"] = row["process_cpu_seconds"]  # whole process
+        row["phases"] = reported.get("phases")
     else:
         row["delivered"] = reported.get("distinct", 0)
-        row["first_pass_lost"] = events - reported.get("distinct", 0)
-        row["corrupt_runs"] = reported.get("crc_errors")
         row["gaps_recorded"] = None
+        row["cpu_seconds"] = reported.get("cpu_sync_seconds")  # sync phase only
     row["lost"] = events - row["delivered"]
-    row["frames_per_second"] = round(row["delivered"] / row["data_seconds"], 1) if row["data_seconds"] else None
+    if row.get("cpu_seconds") is not None and row["delivered"]:
+        row["cpu_ms_per_frame"] = round(1000 * row["cpu_seconds"] / row["delivered"], 4)
     print(json.dumps(row), flush=True)
     return row
 
 
 def main() -> int:
     events = int(os.environ["FERRY_TESTBED_EVENTS"])
-    # The guest does not inherit the host's environment: the window comes as `--window W`.
-    window = int(sys.argv[sys.argv.index("--window") + 1]) if "--window" in sys.argv else 20
-    readers = ["ferry-acquire", "ferry-start", "bleak-start", "bleak-acquire"]
+    # The guest does not inherit the host's environment: the knobs come as arguments.
+    rounds = int(arg("--rounds", "3"))
+    b.FERRY = arg("--ferry", b.FERRY)  # scripts/bench-bluez passes the release build
+    pipelined = int(arg("--pipelined-window", "40"))
+    readers = [("ferry-w20", 20, 20), ("bleak-w20", 20, 20), ("ferry-pipelined", pipelined, 20)]
+    plan = []
+    for r in range(rounds):
+        k = r % len(readers)
+        plan += readers[k:] + readers[:k]  # rotate: no central always first after a boot or a bleak run
     addrs = b.peripherals()
+    if len(addrs) < len(plan):
+        print(f"bench: {len(plan)} sessions need as many peripherals, the bed has {len(addrs)}", flush=True)
+        return 2
     rows = []
-    for name, addr in zip(readers, addrs):
+    for i, ((name, window, ack), addr) in enumerate(zip(plan, addrs)):
         try:
-            rows.append(run_reader(name, addr, events, window))
-        except Exception as e:  # one broken reader must not hide the others' numbers
-            rows.append({"reader": name, "error": f"{type(e).__name__}: {e}"})
+            rows.append(run_session(name, addr, events, window, ack, i))
+        except Exception as e:  # one broken session must not hide the others' numbers
+            rows.append({"reader": name, "peripheral": addr, "error": f"{type(e).__name__}: {e}"})
             print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(b.results_dir(), "bench.json"), "w") as f:
-        json.dump({"events": events, "window": window, "rows": rows}, f, indent=1)
+        json.dump({"events": events, "rounds": rounds, "pipelined_window": pipelined, "ferry": b.FERRY,
+                   "rows": rows}, f, indent=1)
     return 0
 
 

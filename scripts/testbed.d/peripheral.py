@@ -145,7 +145,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--rate", type=float, default=0.0, help="live events per second per peripheral (0: none)")
     p.add_argument("--payload-bytes", type=int, default=20)
     p.add_argument("--notify-rate", type=float, default=250.0,
-                   help="max notifications per second per peripheral (TCG loses data above ~300/s)")
+                   help="max notifications per second per peripheral (TCG loses data above ~300/s); "
+                        "0: unpaced (as fast as bumble takes them)")
     p.add_argument("--chunk", type=int, default=0, help="max bytes per notification (0: ATT MTU - 3)")
     p.add_argument("--pairing", action="append", default=[],
                    help="[N:]MODE[,open|,encrypt], repeatable; N = only peripheral N; see --list-pairing")
@@ -254,6 +255,9 @@ class SyncPeripheral:
             "pairings_completed": 0, "pairing_failures": 0, "pairing_failure_reasons": [], "last_pairing": None,
             "bonds": 0, "frames_sent_unencrypted": 0, "notifications_blocked_unencrypted": 0,
             "clear_link_refusals": 0, "clear_link_refusal_list": [], "bonds_forgotten": 0,
+            # The peripheral's own clock (time.monotonic in the guest), for benchmarks: the first and the last
+            # DATA frame put on the air, the first connection and the last disconnection.
+            "first_data_at": None, "last_data_at": None, "connected_at": None, "disconnected_at": None,
         }
         self.dirty = True
 
@@ -373,6 +377,8 @@ class SyncPeripheral:
 
     def on_connection(self, connection):
         self.stats["connections"] += 1
+        if self.stats["connected_at"] is None:
+            self.stats["connected_at"] = time.monotonic()
         session = Session(connection)
         self.sessions[connection.handle] = session
         self.stats["last_link_encrypted"] = False
@@ -423,6 +429,7 @@ class SyncPeripheral:
         def on_disconnection(reason):
             self.sessions.pop(connection.handle, None)
             self.stats["disconnections"] += 1
+            self.stats["disconnected_at"] = time.monotonic()
             self.dirty = True
             log.info("%s disconnected (reason 0x%02x)", self.address, reason)
 
@@ -660,7 +667,7 @@ class SyncPeripheral:
             if "slow" in self.faults:
                 await asyncio.sleep(1.0 / max(self.faults["slow"], 0.1))
             elif busy:
-                await asyncio.sleep(1.0 / self.args.notify_rate)
+                await asyncio.sleep(1.0 / self.args.notify_rate if self.args.notify_rate > 0 else 0)
             else:
                 try:
                     await asyncio.wait_for(self.wake.wait(), 0.5)
@@ -695,6 +702,10 @@ class SyncPeripheral:
             if f.sent == len(f.data):
                 if f.seq is not None:
                     self.stats["frames_sent"] += 1
+                    now = time.monotonic()
+                    if self.stats["first_data_at"] is None:
+                        self.stats["first_data_at"] = now
+                    self.stats["last_data_at"] = now
                     if clear_link:
                         self.stats["frames_sent_unencrypted"] += 1
                     self.highest_sent = max(self.highest_sent, f.seq)
@@ -1039,7 +1050,7 @@ def main() -> None:
         return
     faults = parse_faults(args.fault)
     pairings = parse_pairing(args.pairing)
-    if not 0 <= args.peripherals <= 250 or args.events < 0 or args.rate < 0 or args.notify_rate <= 0:
+    if not 0 <= args.peripherals <= 250 or args.events < 0 or args.rate < 0 or args.notify_rate < 0:
         raise SystemExit("invalid counts or rates")
     if not 0 <= args.payload_bytes <= 4096:
         raise SystemExit("--payload-bytes must be 0..4096")

@@ -1,0 +1,71 @@
+import FerryBlueZ
+import FerryDBus
+import FerryGateway
+import FerryProtocol
+import FerrySync
+import Foundation
+import Testing
+
+/// BlueZSyncTransport against the fake org.bluez: SYNC_REQ keeps its ATT response, SYNC_ACK goes without one
+/// when CONTROL allows it, and the DATA subscription is started before the session asks for it (while it
+/// reads STREAM_INFO).
+@Suite(.serialized) struct SyncTransportTests {
+    private func transport(_ bus: TestBus, controlFlags: [String]) async throws -> (FakeBlueZ, BlueZSyncTransport) {
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true, resolved: true)
+        tree.merge(FakeBlueZ.gattObjects()) { _, new in new }
+        tree[FakeBlueZ.controlPath]?[BlueZInterface.gattCharacteristic]?["Flags"] = .strings(controlFlags)
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        let client = try await BlueZClient(connection: try await bus.connect())
+        let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
+        let service = try await device.waitUntilServicesResolved(
+            serviceUUID: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID])
+        let (_, continuation) = AsyncStream<LinkEvent>.makeStream()
+        let transport = try await BlueZSyncTransport(
+            device: device, service: service, events: continuation, log: NullLogSink())
+        return (fake, transport)
+    }
+
+    private func waitFor(_ what: String, _ condition: () -> Bool) async throws {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while !condition() {
+            guard ContinuousClock.now < deadline else { throw TransportError("timed out waiting for \(what)") }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+    }
+
+    @Test func acksGoWithoutResponseRequestsWithIt() async throws {
+        let bus = try TestBus()
+        let (fake, transport) = try await transport(bus, controlFlags: ["write", "write-without-response"])
+        defer { fake.stop() }
+        // Subscribing started with the transport, before the session's subscribe() (STREAM_INFO is read first).
+        try await waitFor("AcquireNotify") { fake.calls.contains { $0.hasPrefix("GattCharacteristic1.AcquireNotify") } }
+        let info = try await transport.readStreamInfo()
+        #expect(info.count == 26)
+        try await transport.subscribe()
+        #expect(transport.notifyMethod == .acquireNotify)
+        #expect(transport.ackWrite == .writeCommand)
+        #expect(fake.calls.filter { $0.hasPrefix("GattCharacteristic1.AcquireNotify") }.count == 1)
+        let request = Frame.syncRequest(lastCommitted: 0, window: 40).encoded()
+        let ack = Frame.syncAck(committed: 20).encoded()
+        try await transport.writeControl(request)
+        try await transport.writeAck(ack)
+        let writes = fake.state.withLock { $0.writes }
+        #expect(writes.map(\.type) == ["request", "command"])
+        #expect(writes.map(\.bytes) == [request, ack])
+        // Nothing holds CONTROL's write socket: bluetoothd would refuse the SYNC_REQ's WriteValue then.
+        #expect(!fake.calls.contains { $0.hasPrefix("GattCharacteristic1.AcquireWrite") })
+        await transport.disconnect()
+    }
+
+    @Test func acksKeepTheResponseWhenControlHasNoWriteWithoutResponse() async throws {
+        let bus = try TestBus()
+        let (fake, transport) = try await transport(bus, controlFlags: ["write"])
+        defer { fake.stop() }
+        try await transport.subscribe()
+        #expect(transport.ackWrite == .writeRequest)
+        try await transport.writeAck(Frame.syncAck(committed: 20).encoded())
+        #expect(fake.state.withLock { $0.writes.map(\.type) } == ["request"])
+        await transport.disconnect()
+    }
+}
