@@ -40,7 +40,9 @@ public actor GatewayDaemon {
     /// pairing done while the daemon runs is picked up without a reload.
     private var trusted: Set<PeripheralAddress> = []
     private var trustedReadAt = -Double.infinity
-    private var registry: GatewayStore?
+    /// The daemon's own connection to the store (trusted peripherals, refusals), on its own thread: sqlite3
+    /// calls block and must not hold a thread of the cooperative pool (StoreConnection).
+    private var registry: StoreConnection?
     /// Storage pressure (issue 12): the watch task closes this gate while the store is over budget or the disk
     /// is full; `effectiveDiskBudget` is the config's or the default (`GatewayStore.defaultDiskBudget`).
     private let storageSignals: StorageSignals
@@ -128,10 +130,11 @@ public actor GatewayDaemon {
     /// Runs until the calling task is cancelled; then shuts down gracefully and returns.
     public func run() async throws {
         let dbPath = configuration.databasePath
-        registry = try GatewayStore(path: dbPath, create: true)  // create/migrate once, before any radio work
-        try registry?.verifyIntegrity()  // quick_check: a damaged store stops the start with the next step
+        let registry = try await StoreConnection.open(path: dbPath, create: true)  // create/migrate once, before any radio work
+        self.registry = registry
+        try await registry.read { try $0.verifyIntegrity() }  // quick_check: a damaged store stops the start with the next step
         let storageWatch = startStorageWatch(databasePath: dbPath)
-        refreshTrusted(force: true)
+        await refreshTrusted(force: true)
         let forwarder = try startForwarder(databasePath: dbPath)
         log.log(
             .notice,
@@ -274,12 +277,12 @@ public actor GatewayDaemon {
                             await lease.release()
                             discoveryLease = nil
                         }
-                        refreshTrusted(force: false)
+                        await refreshTrusted(force: false)
                         await refreshCandidates(client: client, adapter: adapter)
                         for address in storageSignals.sessionsAllowed ? scheduler.due(now: now) : [] {
                             guard let policy = configuration.policy(for: address, trusted: trusted) else { continue }
                             if let refusal = await bondRefusal(address, client: client, adapter: adapter) {
-                                refuse(address, refusal)
+                                await refuse(address, refusal)
                                 continue
                             }
                             if refusals.removeValue(forKey: address) != nil {
@@ -521,12 +524,12 @@ public actor GatewayDaemon {
     // MARK: link security
 
     /// The store's trusted peripherals, re-read at most every 5 s (or now, with `force`).
-    private func refreshTrusted(force: Bool) {
+    private func refreshTrusted(force: Bool) async {
         let now = clock.now()
         guard force || now - trustedReadAt >= 5, let registry else { return }
         trustedReadAt = now
         do {
-            let fresh = Set(try registry.trustedPeripherals().map(\.address))
+            let fresh = Set(try await registry.read { try $0.trustedPeripherals().map(\.address) })
             for address in fresh.subtracting(trusted) where !force {
                 log(for: address).log(.notice, "paired (trusted peripherals); will sync it")
             }
@@ -559,11 +562,12 @@ public actor GatewayDaemon {
     /// The daemon's log with `address` in its metadata (lines read "ADDRESS: message").
     private func log(for address: PeripheralAddress) -> Logger { Logger(sink: log).with(peripheral: address.string) }
 
-    private func refuse(_ address: PeripheralAddress, _ why: BondRefusal) {
+    private func refuse(_ address: PeripheralAddress, _ why: BondRefusal) async {
         guard refusals[address] != why else { return }
         refusals[address] = why
         log(for: address).log(.warning, "\(why)")
-        try? registry?.recordSessionEnd(peripheral: address, result: why.result, epoch: nil, head: nil)
+        let result = why.result
+        _ = try? await registry?.read { try $0.recordSessionEnd(peripheral: address, result: result, epoch: nil, head: nil) }
     }
 
     /// The daemon's Agent1: refuses every request. Pairing is an explicit operator action (`ferry pair`); an
@@ -606,7 +610,7 @@ public actor GatewayDaemon {
         let task = Task {
             let result = await SessionWorker(settings: settings, client: client, adapter: adapter, sink: log, clock: clock)
                 .run(register: { continuation in await self.attach(policy.address, continuation) })
-            self.finished(policy.address, result)
+            await self.finished(policy.address, result)
         }
         sessions[policy.address] = ActiveSession(
             task: task, staysConnected: policy.stayConnected, control: nil, startedAt: clock.now())
@@ -657,7 +661,7 @@ public actor GatewayDaemon {
         for waiter in waiting { waiter.resume() }
     }
 
-    private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
+    private func finished(_ address: PeripheralAddress, _ result: SessionResult) async {
         sessions[address] = nil
         wakeup.signal()  // a slot is free, and the scheduler's due times moved
         if sessions.isEmpty { resumeDrainWaiters() }
@@ -670,10 +674,6 @@ public actor GatewayDaemon {
         metrics?.sessionEnded(result)
         metrics?.slotsInUse(sessions.count)
         scheduler.finished(address, outcome: result.outcome, now: clock.now())
-        if result.bondMissingAfterConnect {
-            // Refused and reported, never re-paired: pairing is the operator's act (ferry pair).
-            refuse(address, bondMissing(address))
-        }
         switch result.outcome {
         case .caughtUp: totals.caughtUp += 1
         case .failed: totals.failed += 1
@@ -691,6 +691,10 @@ public actor GatewayDaemon {
                 .info,
                 "backing off \(String(format: "%.1f", wait)) s after \(state.consecutiveFailures) "
                     + "consecutive failures")
+        }
+        if result.bondMissingAfterConnect {
+            // Refused and reported, never re-paired: pairing is the operator's act (ferry pair).
+            await refuse(address, bondMissing(address))
         }
     }
 

@@ -149,14 +149,23 @@ struct StorageWatch: Sendable {
     /// Sleeps until the gate's next check is due or a session nudges it (`StorageSignals.nudged`); no polling.
     func run() async {
         var gate = StorageGate()
-        var store: GatewayStore?
+        // Its own connection on its own thread: a prune or checkpoint on a slow SD card blocks in sqlite3 for
+        // seconds, which must not hold a thread of the cooperative pool (StoreConnection).
+        var store: StoreConnection?
         var lastError = ""
         while !Task.isCancelled {
             var retryAt: Double?
             do {
-                let opened = try store ?? GatewayStore(path: databasePath)
+                let opened: StoreConnection
+                if let store { opened = store } else { opened = try await StoreConnection.open(path: databasePath, threadName: "ferry-storage") }
                 store = opened
-                try tick(now: clock.now(), gate: &gate, store: opened)
+                let now = clock.now()
+                let before = gate
+                gate = try await opened.read { [self] in
+                    var gate = before
+                    try tick(now: now, gate: &gate, store: $0)
+                    return gate
+                }
                 lastError = ""
             } catch {
                 // A check that cannot run (file locked past the busy timeout, I/O error) changes nothing;
