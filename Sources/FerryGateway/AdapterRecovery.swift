@@ -160,7 +160,7 @@ public struct AdapterRecovery: Sendable, Equatable {
         return .none
     }
 
-    /// Called about once a second. `peripheralsDue`: some peripheral is due or being connected (without that,
+    /// Called on each turn of the daemon's loop, and at `nextTick()` at the latest. `peripheralsDue`: some peripheral is due or being connected (without that,
     /// no connect is tried and silence proves nothing).
     public mutating func tick(now: Double, peripheralsDue: Bool) -> Action {
         guard settings.enabled else { return .none }
@@ -194,6 +194,26 @@ public struct AdapterRecovery: Sendable, Equatable {
             let nextEvidence: Evidence =
                 unusable ? .adapterUnusable : controllerFailed ? .controllerUnresponsive : .connectsFailing
             return escalate(after: step, evidence: nextEvidence, now: now)
+        }
+    }
+
+    /// The next time `tick` can act by time alone (nil: only an event can change anything): the daemon's loop
+    /// sleeps until then instead of ticking every second. Derived from the same thresholds `tick` reads.
+    public func nextTick() -> Double? {
+        guard settings.enabled else { return nil }
+        let unusableAt = adapterUnusableSince.map { $0 + settings.adapterMissingSeconds }
+        let timed: Double?
+        switch state {
+        case .performing: return nil
+        case .coolingDown(let until): timed = until
+        case .healthy(let since, let failures):
+            timed = failures >= settings.minFailures ? since.map { $0 + settings.wedgedAfterSeconds } : nil
+        case .verifying(_, _, let at, _): timed = at + settings.verifySeconds
+        }
+        switch (timed, unusableAt) {
+        case (let a?, let b?): return min(a, b)
+        case (let a?, nil): return a
+        case (nil, let b): return b
         }
     }
 

@@ -40,10 +40,14 @@ public actor GatewayDaemon {
     /// pairing done while the daemon runs is picked up without a reload.
     private var trusted: Set<PeripheralAddress> = []
     private var trustedReadAt = -Double.infinity
-    private var registry: GatewayStore?
+    /// The daemon's own connection to the store (trusted peripherals, refusals), on its own thread: sqlite3
+    /// calls block and must not hold a thread of the cooperative pool (StoreConnection).
+    private var registry: StoreConnection?
     /// Storage pressure (issue 12): the watch task closes this gate while the store is over budget or the disk
     /// is full; `effectiveDiskBudget` is the config's or the default (`GatewayStore.defaultDiskBudget`).
-    private let storageSignals = StorageSignals()
+    private let storageSignals: StorageSignals
+    /// Wakes the scheduling loop when something it acts on changed (see `schedulingLoop`).
+    private let wakeup = Wakeup()
     private var effectiveDiskBudget: Int64?
     /// Why a candidate is not being synced (not bonded...), so each refusal is logged once, not every loop.
     private var refusals: [PeripheralAddress: BondRefusal] = [:]
@@ -92,6 +96,7 @@ public actor GatewayDaemon {
         scheduler = SyncScheduler(
             configuration: configuration.schedulerConfiguration, jitter: { Double.random(in: 0.5...1) })
         recovery = AdapterRecovery(settings: configuration.adapterRecovery)
+        storageSignals = StorageSignals(opened: wakeup)
     }
 
     /// SIGHUP: take the new allowlist and lab-mode switch. Sessions with peripherals no longer allowed are
@@ -119,15 +124,17 @@ public actor GatewayDaemon {
             log(for: address).log(.notice, "no longer allowed, stopping its session")
             session.control?.yield(.stop)
         }
+        wakeup.signal()  // newly allowed peripherals are due now
     }
 
     /// Runs until the calling task is cancelled; then shuts down gracefully and returns.
     public func run() async throws {
         let dbPath = configuration.databasePath
-        registry = try GatewayStore(path: dbPath, create: true)  // create/migrate once, before any radio work
-        try registry?.verifyIntegrity()  // quick_check: a damaged store stops the start with the next step
+        let registry = try await StoreConnection.open(path: dbPath, create: true)  // create/migrate once, before any radio work
+        self.registry = registry
+        try await registry.read { try $0.verifyIntegrity() }  // quick_check: a damaged store stops the start with the next step
         let storageWatch = startStorageWatch(databasePath: dbPath)
-        refreshTrusted(force: true)
+        await refreshTrusted(force: true)
         let forwarder = try startForwarder(databasePath: dbPath)
         log.log(
             .notice,
@@ -158,6 +165,7 @@ public actor GatewayDaemon {
     private func beginStop() {
         guard !stopping else { return }
         stopping = true
+        wakeup.signal()
         log.log(.notice, "stopping: committing and acknowledging what is staged in \(sessions.count) sessions")
         for session in sessions.values {
             if let control = session.control {
@@ -190,6 +198,16 @@ public actor GatewayDaemon {
 
     // MARK: scheduling
 
+    /// The longest the loop sleeps with nothing due: each turn is the scheduler's watchdog heartbeat (a loop
+    /// stuck in an await stops beating, so the pings stop), and re-reads the trusted peripherals (a `ferry pair`
+    /// in another process sends no event), the live view (10 s) and the bus probe (10 s).
+    static let heartbeatSeconds: Double = 5
+
+    /// One turn reconciles everything (bus, adapter, candidates, due sessions, recovery, status) and then sleeps
+    /// until the earliest of: the scheduler's `nextWakeup`, adapter recovery's `nextTick`, a power-on retry, the
+    /// heartbeat — or until woken by an event (`wakeup`): a session attached or ended, a relevant BlueZ change
+    /// (adapter, bond, a Sync peripheral appearing, bluetoothd restarting), a reload, the storage gate opening,
+    /// a stop. No polling: with nothing due the daemon sleeps.
     private func schedulingLoop() async {
         var client: BlueZClient?
         var adapter: BlueZAdapter?
@@ -202,89 +220,136 @@ public actor GatewayDaemon {
             lastWarning = message
         }
         var lastBusProbe = -Double.infinity
-        while !stopping && !Task.isCancelled {
-            let now = clock.now()
-            health?.beat(.scheduler)
-            if let client, now - lastBusProbe >= 10 {
-                lastBusProbe = now
-                probeBus(client)
-            }
-            if client == nil {
-                do {
-                    client = try await BlueZClient(
-                        connection: try await connectBus(), discoveryServiceUUIDs: [SyncProfile.serviceUUID],
-                        log: { [log] in log.log(.debug, $0) })
-                    agent = await registerAgent(client!)
-                } catch {
-                    warnOnce("cannot reach the D-Bus system bus: \(error); retrying")
+        await withDiscardingTaskGroup { group in
+            while !stopping && !Task.isCancelled {
+                let now = clock.now()
+                var powerRetryAt: Double?
+                health?.beat(.scheduler)
+                if let client, now - lastBusProbe >= 10 {
+                    lastBusProbe = now
+                    probeBus(client)
                 }
-            }
-            if let client, adapter == nil {
-                do {
-                    adapter = try await client.adapter(named: configuration.adapter)
-                    log.log(.info, "using adapter \(adapter!.name)")
-                    health?.markReady()  // the store is open (run() opened it first) and the adapter is found
-                    lastWarning = ""
-                } catch {
-                    warnOnce("waiting for a Bluetooth adapter: \(error)")
-                }
-            }
-            if let client, let adapter {
-                let powered = await adapter.isPowered()
-                metrics?.adapter(powered: powered)
-                if !powered {
-                    if await client.objects.isServiceAvailable, now - lastPowerAttempt > 10 {
-                        lastPowerAttempt = now
-                        log.log(.notice, "adapter \(adapter.name) is powered off: powering it on")
-                        do { try await adapter.setPowered(true) } catch {
-                            log.log(.warning, "cannot power on \(adapter.name): \(error)")
+                if client == nil {
+                    do {
+                        let connected = try await BlueZClient(
+                            connection: try await connectBus(), discoveryServiceUUIDs: [SyncProfile.serviceUUID],
+                            log: { [log] in log.log(.debug, $0) })
+                        client = connected
+                        // BlueZ changes the loop acts on wake it; the rest (RSSI, advertising data) does not.
+                        let events = await connected.objects.events()
+                        let wakeup = self.wakeup
+                        group.addTask {
+                            for await event in events where Self.wakesTheLoop(event) { wakeup.signal() }
                         }
-                    }
-                } else {
-                    // Lab mode keeps discovery running so new Sync peripherals show up; BlueZDiscovery restarts
-                    // it by itself after a bluetoothd restart. The allowlist mode discovers per connect only.
-                    if configuration.allowAnySyncPeripheral && discoveryLease == nil {
-                        discoveryLease = try? await client.discovery(on: adapter).acquire()
-                    } else if !configuration.allowAnySyncPeripheral, let lease = discoveryLease {
-                        await lease.release()
-                        discoveryLease = nil
-                    }
-                    refreshTrusted(force: false)
-                    await refreshCandidates(client: client, adapter: adapter)
-                    for address in storageSignals.sessionsAllowed ? scheduler.due(now: now) : [] {
-                        guard let policy = configuration.policy(for: address, trusted: trusted) else { continue }
-                        if let refusal = await bondRefusal(address, client: client, adapter: adapter) {
-                            refuse(address, refusal)
-                            continue
-                        }
-                        if refusals.removeValue(forKey: address) != nil {
-                            log(for: address).log(.notice, "bonded now; syncing it")
-                        }
-                        start(policy, client: client, adapter: adapter)
+                        agent = await registerAgent(connected)
+                    } catch {
+                        warnOnce("cannot reach the D-Bus system bus: \(error); retrying")
                     }
                 }
-            }
-            if adapter == nil { metrics?.adapter(powered: false) }
-            if let client, await client.objects.isServiceAvailable {
-                // Only while bluetoothd is there: its absence is not the controller's fault (BlueZClient waits).
-                let usable: Bool
-                if let adapter { usable = await adapter.isPowered() } else { usable = false }
-                _ = recovery.adapter(usable: usable, now: now)
-                // The adapter object vanished (controller gone from the kernel, bluetoothd dropped it): look it up
-                // afresh next time, a power cycle or reset may bring it back under the same name.
-                if let current = adapter, await client.objects.properties(current.path, BlueZInterface.adapter) == nil {
-                    adapter = nil
+                if let client, adapter == nil {
+                    do {
+                        adapter = try await client.adapter(named: configuration.adapter)
+                        log.log(.info, "using adapter \(adapter!.name)")
+                        health?.markReady()  // the store is open (run() opened it first) and the adapter is found
+                        lastWarning = ""
+                    } catch {
+                        warnOnce("waiting for a Bluetooth adapter: \(error)")
+                    }
                 }
+                if let client, let adapter {
+                    let powered = await adapter.isPowered()
+                    metrics?.adapter(powered: powered)
+                    if !powered {
+                        if await client.objects.isServiceAvailable {
+                            if now - lastPowerAttempt > 10 {
+                                lastPowerAttempt = now
+                                log.log(.notice, "adapter \(adapter.name) is powered off: powering it on")
+                                do { try await adapter.setPowered(true) } catch {
+                                    log.log(.warning, "cannot power on \(adapter.name): \(error)")
+                                }
+                            }
+                            powerRetryAt = lastPowerAttempt + 10.001
+                        }
+                    } else {
+                        // Lab mode keeps discovery running so new Sync peripherals show up; BlueZDiscovery restarts
+                        // it by itself after a bluetoothd restart. The allowlist mode discovers per connect only.
+                        if configuration.allowAnySyncPeripheral && discoveryLease == nil {
+                            discoveryLease = try? await client.discovery(on: adapter).acquire()
+                        } else if !configuration.allowAnySyncPeripheral, let lease = discoveryLease {
+                            await lease.release()
+                            discoveryLease = nil
+                        }
+                        await refreshTrusted(force: false)
+                        await refreshCandidates(client: client, adapter: adapter)
+                        for address in storageSignals.sessionsAllowed ? scheduler.due(now: now) : [] {
+                            guard let policy = configuration.policy(for: address, trusted: trusted) else { continue }
+                            if let refusal = await bondRefusal(address, client: client, adapter: adapter) {
+                                await refuse(address, refusal)
+                                continue
+                            }
+                            if refusals.removeValue(forKey: address) != nil {
+                                log(for: address).log(.notice, "bonded now; syncing it")
+                            }
+                            start(policy, client: client, adapter: adapter)
+                        }
+                    }
+                }
+                if adapter == nil { metrics?.adapter(powered: false) }
+                if let client, await client.objects.isServiceAvailable {
+                    // Only while bluetoothd is there: its absence is not the controller's fault (BlueZClient waits).
+                    let usable: Bool
+                    if let adapter { usable = await adapter.isPowered() } else { usable = false }
+                    _ = recovery.adapter(usable: usable, now: now)
+                    // The adapter object vanished (controller gone from the kernel, bluetoothd dropped it): look it
+                    // up afresh next time, a power cycle or reset may bring it back under the same name.
+                    if let current = adapter, await client.objects.properties(current.path, BlueZInterface.adapter) == nil {
+                        adapter = nil
+                    }
+                }
+                let action = recovery.tick(now: now, peripheralsDue: !scheduler.peripherals.isEmpty)
+                await recover(action, client: client, adapter: adapter, adapterName: adapter?.name ?? configuration.adapter)
+                publishStatus(adapter: adapter?.name)
+                publishLiveView(adapter: adapter?.name)
+
+                // Due times in the past are what the turn could not act on (no free slot, storage gate closed, bond
+                // missing, adapter off): each of those ends with an event, so they must not spin the loop.
+                let after = clock.now()
+                var next = after + Self.heartbeatSeconds
+                for due in [scheduler.nextWakeup(now: after), recovery.nextTick(), powerRetryAt] {
+                    if let due, due > after { next = min(next, due) }
+                }
+                if client == nil { next = min(next, after + 1) }  // the bus is not there yet: retry every second
+                // 1 ms late rather than early: a turn just before a due time would act on nothing and turn again.
+                await wakeup.wait(timeout: .seconds(next - after) + .milliseconds(1))
             }
-            let action = recovery.tick(now: now, peripheralsDue: !scheduler.peripherals.isEmpty)
-            await recover(action, client: client, adapter: adapter, adapterName: adapter?.name ?? configuration.adapter)
-            publishStatus(adapter: adapter?.name)
-            publishLiveView(adapter: adapter?.name)
-            // Polling keeps the loop simple and obviously bounded; 250 ms is invisible next to a connect (≥ 0.3 s).
-            try? await Task.sleep(nanoseconds: 250_000_000)
+            group.cancelAll()
         }
         await discoveryLease?.release()
         await agent?.unregister()
+    }
+
+    /// Whether a BlueZ change can change what the loop does: the adapter (appeared, gone, powered), bluetoothd
+    /// (restarted), a device's bond, or a Sync peripheral appearing (lab mode). Discovery's RSSI and advertising
+    /// updates, many per second, do not wake it.
+    static func wakesTheLoop(_ event: BlueZObjectEvent) -> Bool {
+        switch event {
+        case .serviceAppeared, .serviceVanished:
+            return true
+        case .interfacesAdded(_, let interfaces):
+            if interfaces[BlueZInterface.adapter] != nil { return true }
+            guard let device = interfaces[BlueZInterface.device] else { return false }
+            return device["Bonded"]?.bool == true || device["Paired"]?.bool == true
+                || (device["UUIDs"]?.stringArray ?? []).contains { $0.lowercased() == SyncProfile.serviceUUID }
+        case .interfacesRemoved(_, let interfaces):
+            return interfaces.contains(BlueZInterface.adapter)
+        case .propertiesChanged(_, let interface, let changed, let invalidated):
+            let keys = Set(changed.keys).union(invalidated)
+            switch interface {
+            case BlueZInterface.adapter: return keys.contains("Powered")
+            case BlueZInterface.device: return !keys.isDisjoint(with: ["Bonded", "Paired", "UUIDs"])
+            default: return false
+            }
+        }
     }
 
     // MARK: adapter recovery
@@ -463,12 +528,12 @@ public actor GatewayDaemon {
     // MARK: link security
 
     /// The store's trusted peripherals, re-read at most every 5 s (or now, with `force`).
-    private func refreshTrusted(force: Bool) {
+    private func refreshTrusted(force: Bool) async {
         let now = clock.now()
         guard force || now - trustedReadAt >= 5, let registry else { return }
         trustedReadAt = now
         do {
-            let fresh = Set(try registry.trustedPeripherals().map(\.address))
+            let fresh = Set(try await registry.read { try $0.trustedPeripherals().map(\.address) })
             for address in fresh.subtracting(trusted) where !force {
                 log(for: address).log(.notice, "paired (trusted peripherals); will sync it")
             }
@@ -501,11 +566,12 @@ public actor GatewayDaemon {
     /// The daemon's log with `address` in its metadata (lines read "ADDRESS: message").
     private func log(for address: PeripheralAddress) -> Logger { Logger(sink: log).with(peripheral: address.string) }
 
-    private func refuse(_ address: PeripheralAddress, _ why: BondRefusal) {
+    private func refuse(_ address: PeripheralAddress, _ why: BondRefusal) async {
         guard refusals[address] != why else { return }
         refusals[address] = why
         log(for: address).log(.warning, "\(why)")
-        try? registry?.recordSessionEnd(peripheral: address, result: why.result, epoch: nil, head: nil)
+        let result = why.result
+        _ = try? await registry?.read { try $0.recordSessionEnd(peripheral: address, result: result, epoch: nil, head: nil) }
     }
 
     /// The daemon's Agent1: refuses every request. Pairing is an explicit operator action (`ferry pair`); an
@@ -548,7 +614,7 @@ public actor GatewayDaemon {
         let task = Task {
             let result = await SessionWorker(settings: settings, client: client, adapter: adapter, sink: log, clock: clock)
                 .run(register: { continuation in await self.attach(policy.address, continuation) })
-            self.finished(policy.address, result)
+            await self.finished(policy.address, result)
         }
         sessions[policy.address] = ActiveSession(
             task: task, staysConnected: policy.stayConnected, control: nil, startedAt: clock.now())
@@ -576,6 +642,7 @@ public actor GatewayDaemon {
     /// stopping (the session then disconnects without starting).
     private func attach(_ address: PeripheralAddress, _ continuation: AsyncStream<LinkEvent>.Continuation) -> Bool {
         sessions[address]?.control = continuation
+        wakeup.signal()  // the live view's phase changed
         return !stopping && configuration.policy(for: address, trusted: trusted) != nil
     }
 
@@ -598,8 +665,9 @@ public actor GatewayDaemon {
         for waiter in waiting { waiter.resume() }
     }
 
-    private func finished(_ address: PeripheralAddress, _ result: SessionResult) {
+    private func finished(_ address: PeripheralAddress, _ result: SessionResult) async {
         sessions[address] = nil
+        wakeup.signal()  // a slot is free, and the scheduler's due times moved
         if sessions.isEmpty { resumeDrainWaiters() }
         if result.connectSeconds != nil || result.summary != nil {
             let action = recovery.connectSucceeded(now: clock.now())
@@ -610,10 +678,6 @@ public actor GatewayDaemon {
         metrics?.sessionEnded(result)
         metrics?.slotsInUse(sessions.count)
         scheduler.finished(address, outcome: result.outcome, now: clock.now())
-        if result.bondMissingAfterConnect {
-            // Refused and reported, never re-paired: pairing is the operator's act (ferry pair).
-            refuse(address, bondMissing(address))
-        }
         switch result.outcome {
         case .caughtUp: totals.caughtUp += 1
         case .failed: totals.failed += 1
@@ -631,6 +695,10 @@ public actor GatewayDaemon {
                 .info,
                 "backing off \(String(format: "%.1f", wait)) s after \(state.consecutiveFailures) "
                     + "consecutive failures")
+        }
+        if result.bondMissingAfterConnect {
+            // Refused and reported, never re-paired: pairing is the operator's act (ferry pair).
+            await refuse(address, bondMissing(address))
         }
     }
 

@@ -41,6 +41,14 @@ public struct StorageGate: Sendable, Equatable {
 
     public var sessionsAllowed: Bool { state == .open }
 
+    /// When `isCheckDue` turns true by time alone (the watch sleeps until then unless nudged).
+    public var nextCheckAt: Double {
+        switch state {
+        case .open: nextRoutineCheck
+        case .closed(_, _, let next): next
+        }
+    }
+
     /// A nudge (a session refused for space) makes an open gate check now; a closed one keeps its backoff, since
     /// no session it let start can be the cause.
     public func isCheckDue(now: Double, nudged: Bool) -> Bool {
@@ -84,7 +92,8 @@ public struct StorageGate: Sendable, Equatable {
 }
 
 /// Shared between the daemon (reads `sessionsAllowed`, nudges when a session was refused for space) and its
-/// storage watch task (writes them).
+/// storage watch task (writes them). Both sleep until something is due: a nudge wakes the watch, and the gate
+/// opening wakes the daemon (`opened`), so neither polls the other.
 final class StorageSignals: Sendable {
     enum Nudge: Sendable, Equatable {
         case overBudget
@@ -94,14 +103,29 @@ final class StorageSignals: Sendable {
     private let allowed = LockedValue(true)
     private let pending = LockedValue<Nudge?>(nil)
     private let deliveredSinceCheck = LockedValue(false)
+    /// Signalled by `nudge`: the watch's wake-up.
+    let nudged = Wakeup()
+    /// Signalled when sessions become allowed again: the daemon's wake-up.
+    private let opened: Wakeup?
+
+    init(opened: Wakeup? = nil) {
+        self.opened = opened
+    }
 
     var sessionsAllowed: Bool { allowed.withLock { $0 } }
-    func setSessionsAllowed(_ value: Bool) { allowed.withLock { $0 = value } }
+    func setSessionsAllowed(_ value: Bool) {
+        let reopened = allowed.withLock { current -> Bool in
+            defer { current = value }
+            return value && !current
+        }
+        if reopened { opened?.signal() }
+    }
 
     /// A session was refused for space: no new session until the watch has checked (it sets the answer).
     func nudge(_ nudge: Nudge) {
         allowed.withLock { $0 = false }
         pending.withLock { if $0 != .diskFull { $0 = nudge } }
+        nudged.signal()
     }
 
     /// A disk-full nudge the watch could not act on yet (its gate is closed and not due): kept for the next
@@ -111,7 +135,11 @@ final class StorageSignals: Sendable {
     }
 
     /// The uplink delivered events (the watch may have something to prune now).
-    func delivered() { deliveredSinceCheck.withLock { $0 = true } }
+    func delivered() {
+        deliveredSinceCheck.withLock { $0 = true }
+        // Only a closed gate acts on it (its next check comes sooner): wake the watch then, not for every batch.
+        if !sessionsAllowed { nudged.signal() }
+    }
 
     func takeDelivered() -> Bool {
         deliveredSinceCheck.withLock { value in
@@ -141,26 +169,42 @@ struct StorageWatch: Sendable {
     /// The scheduler's backoff after n consecutive failures.
     let backoff: @Sendable (Int) -> Double
 
+    /// Sleeps until the gate's next check is due or a session nudges it (`StorageSignals.nudged`); no polling.
     func run() async {
         var gate = StorageGate()
-        var store: GatewayStore?
+        // Its own connection on its own thread: a prune or checkpoint on a slow SD card blocks in sqlite3 for
+        // seconds, which must not hold a thread of the cooperative pool (StoreConnection).
+        var store: StoreConnection?
         var lastError = ""
         while !Task.isCancelled {
+            var retryAt: Double?
             do {
-                let opened = try store ?? GatewayStore(path: databasePath)
+                let opened: StoreConnection
+                if let store { opened = store } else { opened = try await StoreConnection.open(path: databasePath, threadName: "ferry-storage") }
                 store = opened
-                try tick(now: clock.now(), gate: &gate, store: opened)
+                let now = clock.now()
+                let before = gate
+                gate = try await opened.read { [self] in
+                    var gate = before
+                    try tick(now: now, gate: &gate, store: $0)
+                    return gate
+                }
                 lastError = ""
             } catch {
-                    // A check that cannot run (file locked past the busy timeout, I/O error) changes nothing;
-                    // it is retried on the next tick, and logged once until it works again.
+                // A check that cannot run (file locked past the busy timeout, I/O error) changes nothing;
+                // it is retried 5 s later, and logged once until it works again.
                 let text = "\(error)"
                 if text != lastError { log.log(.warning, "storage: cannot check the store: \(text)") }
                 lastError = text
                 store = nil
-                try? await Task.sleep(nanoseconds: 5_000_000_000)
+                retryAt = clock.now() + 5
             }
-            try? await Task.sleep(nanoseconds: 500_000_000)
+            let now = clock.now()
+            var next = retryAt ?? gate.nextCheckAt
+            // Closed on a full disk, `tick` folds the WAL in as the uplink's claims and acknowledgements come:
+            // those are not signalled here, so that state keeps the half-second cadence it was measured with.
+            if case .closed(.diskFull, _, _) = gate.state { next = min(next, now + 0.5) }
+            await signals.nudged.wait(timeout: .seconds(max(0, next - now)) + .milliseconds(1))
         }
     }
 

@@ -12,7 +12,7 @@ import FerrySync
 /// expected but never beat is judged from the moment it was expected.
 public struct WatchdogMonitor: Sendable, Equatable {
     public enum Part: String, Sendable, CaseIterable, Comparable {
-        /// The daemon's scheduling loop (one iteration every 250 ms; its BlueZ calls time out after 25 s).
+        /// The daemon's scheduling loop (a turn at least every 5 s, its heartbeat; its BlueZ calls time out after 25 s).
         case scheduler
         /// The D-Bus connection thread, proven alive by a round trip to the bus daemon.
         case dbus

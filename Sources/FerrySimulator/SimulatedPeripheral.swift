@@ -32,6 +32,9 @@ public final class SimulatedPeripheral {
         /// A firmware that honours at most this window whatever the SYNC_REQ asks (a fixed buffer of
         /// unacknowledged frames). nil: the requested window.
         public var maxWindow: Int?
+        /// false: an acknowledged payload is released (`Generation.forgotten`), so a long replay (benchmarks)
+        /// holds only what is unacknowledged. Tests keep them all, as the ground truth they check against.
+        public var keepsAcknowledgedPayloads = true
 
         public init() {}
     }
@@ -80,8 +83,11 @@ public final class SimulatedPeripheral {
         public let epoch: UInt64
         public let cause: GenerationCause
         public let firstSeq: UInt64
-        /// Payloads of `firstSeq`, `firstSeq + 1`, ...
+        /// Payloads of `firstSeq + forgotten`, `firstSeq + forgotten + 1`, ...
         public internal(set) var payloads: [[UInt8]] = []
+        /// How many payloads from `firstSeq` on were released once acknowledged (0 unless
+        /// `Configuration.keepsAcknowledgedPayloads` is false).
+        public internal(set) var forgotten = 0
         /// Highest SYNC_ACK received in this generation.
         public internal(set) var acknowledgedUpTo: UInt64 = 0
         /// Highest seq ever put on the air in this generation.
@@ -91,12 +97,12 @@ public final class SimulatedPeripheral {
         public internal(set) var lost: [ClosedRange<UInt64>] = []
 
         /// Highest seq assigned (firstSeq − 1 if none).
-        public var head: UInt64 { firstSeq - 1 + UInt64(payloads.count) }
-        public var seqs: ClosedRange<UInt64>? { payloads.isEmpty ? nil : firstSeq...head }
+        public var head: UInt64 { firstSeq - 1 + UInt64(forgotten + payloads.count) }
+        public var seqs: ClosedRange<UInt64>? { head < firstSeq ? nil : firstSeq...head }
 
         public func payload(of seq: UInt64) -> [UInt8]? {
-            guard seq >= firstSeq, seq <= head else { return nil }
-            return payloads[Int(seq - firstSeq)]
+            guard seq >= firstSeq + UInt64(forgotten), seq <= head else { return nil }
+            return payloads[Int(seq - firstSeq) - forgotten]
         }
 
         public func isLost(_ seq: UInt64) -> Bool {
@@ -523,7 +529,7 @@ public final class SimulatedPeripheral {
             bytes += unknown
             statistics.junkInjected += 1
         }
-        let frame = Frame.data(seq: seq, payload: current.payloads[Int(seq - current.firstSeq)]).encoded()
+        let frame = Frame.data(seq: seq, payload: current.payloads[Int(seq - current.firstSeq) - current.forgotten]).encoded()
         bytes += frame
         statistics.framesSent += 1
         if random.chance(faults.duplicateFrame) {
@@ -571,6 +577,14 @@ public final class SimulatedPeripheral {
             generations[generations.count - 1].acknowledgedUpTo = max(current.acknowledgedUpTo, seq)
             if seq >= firstRetained {
                 firstRetained = min(seq, head) + 1
+            }
+            if !configuration.keepsAcknowledgedPayloads {
+                let index = generations.count - 1
+                let release = Int(firstRetained - generations[index].firstSeq) - generations[index].forgotten
+                if release > 0 {
+                    generations[index].payloads.removeFirst(release)
+                    generations[index].forgotten += release
+                }
             }
         case .evict(let count):
             let evicted = min(UInt64(count), UInt64(retainedCount))

@@ -1,0 +1,130 @@
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// A serial executor with a thread of its own, for one SQLite connection (GRDB confines each connection to a
+/// serial queue; this is that, for Swift concurrency). sqlite3 calls block — an fsync per commit under
+/// `synchronous = FULL`, up to 5 s in the busy handler, a long prune — and a blocked thread of the cooperative
+/// pool (one per core: two on a small Pi) stalls every task of the process. An actor whose `unownedExecutor` is
+/// this one runs all its methods here instead.
+public final class DatabaseThread: SerialExecutor, @unchecked Sendable {
+    // Guarded by `mutex` (pthread, not Synchronization.Mutex: ThreadSanitizer sees these handoffs).
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let condition: UnsafeMutablePointer<pthread_cond_t>
+    private var jobs: [UnownedJob] = []
+    private var stopping = false
+    private var threadID: pthread_t?
+
+    /// Starts the thread; `name` shows in `top -H` / /proc (at most 15 bytes are kept).
+    public init(name: String) {
+        mutex = .allocate(capacity: 1)
+        mutex.initialize(to: pthread_mutex_t())
+        pthread_mutex_init(mutex, nil)
+        condition = .allocate(capacity: 1)
+        condition.initialize(to: pthread_cond_t())
+        pthread_cond_init(condition, nil)
+        // The kernel's name for the thread (top -H, /proc): Foundation's Thread.name does not reach it on Linux.
+        let comm = String(decoding: name.utf8.prefix(15), as: UTF8.self)
+        let thread = Thread { [self] in
+            try? comm.write(toFile: "/proc/thread-self/comm", atomically: false, encoding: .utf8)
+            run()
+        }
+        thread.name = name
+        thread.start()
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        condition.deinitialize(count: 1)
+        condition.deallocate()
+        pthread_mutex_destroy(mutex)
+        mutex.deinitialize(count: 1)
+        mutex.deallocate()
+    }
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        pthread_mutex_lock(mutex)
+        jobs.append(job)
+        pthread_cond_signal(condition)
+        pthread_mutex_unlock(mutex)
+    }
+
+    public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
+        UnownedSerialExecutor(ordinary: self)
+    }
+
+    /// True on this executor's thread (tests; assertions).
+    public var isCurrent: Bool {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return threadID.map { pthread_equal($0, pthread_self()) != 0 } ?? false
+    }
+
+    /// The thread ends once the jobs queued so far have run (the owner is going away).
+    public func stop() {
+        pthread_mutex_lock(mutex)
+        stopping = true
+        pthread_cond_signal(condition)
+        pthread_mutex_unlock(mutex)
+    }
+
+    private func run() {
+        pthread_mutex_lock(mutex)
+        threadID = pthread_self()
+        pthread_mutex_unlock(mutex)
+        while true {
+            pthread_mutex_lock(mutex)
+            while jobs.isEmpty && !stopping { pthread_cond_wait(condition, mutex) }
+            if jobs.isEmpty {  // stopping, nothing left
+                pthread_mutex_unlock(mutex)
+                return
+            }
+            let batch = jobs
+            jobs.removeAll(keepingCapacity: true)
+            pthread_mutex_unlock(mutex)
+            for job in batch { job.runSynchronously(on: asUnownedSerialExecutor()) }
+        }
+    }
+}
+
+/// A `GatewayStore` confined to its own thread (`DatabaseThread`): the one owner of its connection, and every
+/// call on it is made off the cooperative pool. Callers hand it a closure: `try await connection.read {
+/// try $0.trustedPeripherals() }`. A closure is one unit of work on the connection, so the one-transaction
+/// durability rule is kept by the store's own methods as before (a commit is one `GatewayStore.commit`).
+public actor StoreConnection {
+    private let thread: DatabaseThread
+    private var store: GatewayStore?
+
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { thread.asUnownedSerialExecutor() }
+
+    private init(thread: DatabaseThread) {
+        self.thread = thread
+    }
+
+    deinit { thread.stop() }
+
+    /// Opens (creates, migrates) the store on the connection's own thread.
+    public static func open(
+        path: String, create: Bool = true, clock: any WallClock = SystemWallClock(), threadName: String = "ferry-sqlite"
+    ) async throws -> StoreConnection {
+        let connection = StoreConnection(thread: DatabaseThread(name: threadName))
+        try await connection.openStore(path: path, create: create, clock: clock)
+        return connection
+    }
+
+    private func openStore(path: String, create: Bool, clock: any WallClock) throws {
+        store = try GatewayStore(path: path, clock: clock, create: create)
+    }
+
+    /// Runs `body` with the store, on the connection's thread.
+    public func read<T: Sendable>(_ body: @Sendable (GatewayStore) throws -> T) throws -> T {
+        guard let store else { preconditionFailure("StoreConnection.open opens the store before handing it out") }
+        return try body(store)
+    }
+
+    /// Whether the caller runs on this connection's thread (tests).
+    public nonisolated var runsOnItsOwnThread: Bool { thread.isCurrent }
+}
