@@ -19,10 +19,12 @@ static inline int ferry_hci_dev_reset(int dev_id) {
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 /* One management command on the kernel's control channel (HCI_CHANNEL_CONTROL) and its answer: writes
- * opcode/index/params, reads until the Command Complete or Command Status event for that opcode (other events
- * are skipped), each read bounded by `timeout_ms`. Returns the mgmt status (0 = success), or -errno. */
+ * opcode/index/params, reads until the Command Complete or Command Status event for that opcode (other events,
+ * e.g. devices found, are skipped), all within `timeout_ms` however many other events arrive. Returns the mgmt
+ * status (0 = success), or -errno. */
 static inline int ferry_mgmt_command(int fd, uint16_t opcode, uint16_t index, const uint8_t *params, uint16_t length,
                                      int timeout_ms) {
     uint8_t buffer[512];
@@ -32,9 +34,15 @@ static inline int ferry_mgmt_command(int fd, uint16_t opcode, uint16_t index, co
     buffer[4] = length & 0xff; buffer[5] = length >> 8;
     if (length) memcpy(buffer + 6, params, length);
     if (write(fd, buffer, 6 + length) != 6 + length) return -errno;
-    for (int reads = 0; reads < 256; reads++) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long long deadline_ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000 + timeout_ms;
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        long long left = deadline_ms - ((long long)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+        if (left <= 0) return -ETIMEDOUT;
         struct pollfd p = { .fd = fd, .events = POLLIN };
-        int ready = poll(&p, 1, timeout_ms);
+        int ready = poll(&p, 1, (int)left);
         if (ready < 0) return -errno;
         if (ready == 0) return -ETIMEDOUT;
         ssize_t n = read(fd, buffer, sizeof(buffer));
@@ -44,7 +52,6 @@ static inline int ferry_mgmt_command(int fd, uint16_t opcode, uint16_t index, co
         uint16_t answered = buffer[6] | (buffer[7] << 8);
         if ((event == 0x0001 || event == 0x0002) && answered == opcode) return buffer[8];
     }
-    return -EPROTO;
 }
 
 /* Starts and stops an LE discovery in the kernel for controller hciN (needs CAP_NET_ADMIN). The kernel
