@@ -7,15 +7,17 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* HCIDEVRESET on controller hciN through a raw HCI socket (needs CAP_NET_ADMIN). The ioctl number is a
- * function-like macro Swift cannot import, hence this wrapper. Returns 0, or -errno. */
-static inline int ferry_hci_dev_reset(int dev_id) {
+/* HCIDEVDOWN / HCIDEVUP on controller hciN through a raw HCI socket (needs CAP_NET_ADMIN). The ioctl numbers
+ * are function-like macros Swift cannot import, hence these wrappers. Return 0, or -errno. */
+static inline int ferry_hci_dev_ioctl(int dev_id, int up) {
     int fd = socket(AF_BLUETOOTH, SOCK_RAW | SOCK_CLOEXEC, BTPROTO_HCI);
     if (fd < 0) return -errno;
-    int result = ioctl(fd, HCIDEVRESET, dev_id) < 0 ? -errno : 0;
+    int result = ioctl(fd, up ? HCIDEVUP : HCIDEVDOWN, dev_id) < 0 ? -errno : 0;
     close(fd);
     return result;
 }
+static inline int ferry_hci_dev_down(int dev_id) { return ferry_hci_dev_ioctl(dev_id, 0); }
+static inline int ferry_hci_dev_up(int dev_id) { return ferry_hci_dev_ioctl(dev_id, 1); }
 #include <poll.h>
 #include <stdint.h>
 #include <string.h>

@@ -23,7 +23,7 @@ public enum DiscoveryKick {
 
     /// Blocks for up to ~10 s (two management commands bounded by the kernel's own timeouts and ours).
     public static func kick(adapterName: String) -> Outcome {
-        guard let index = HCIReset.index(of: adapterName) else { return .failed(errno: ENODEV, status: nil) }
+        guard let index = HCIDevice.index(of: adapterName) else { return .failed(errno: ENODEV, status: nil) }
         let result = ferry_mgmt_discovery_kick(index)
         switch result {
         case 0: return .kicked

@@ -391,24 +391,27 @@ public actor GatewayDaemon {
                     log.log(.warning, "adapter recovery: \(name) is not on bluetoothd's bus: nothing to power cycle")
                 }
             case .hciReset:
-                log.log(.warning, "adapter recovery: \(why): resetting \(name) through the kernel (HCI reset)")
-                // Off the actor: the ioctl blocks while the kernel resets the controller.
-                let failure = await Task.detached { () -> HCIReset.Failure? in
-                    do throws(HCIReset.Failure) { try HCIReset.reset(adapterName: name) } catch { return error }
+                log.log(
+                    .warning,
+                    "adapter recovery: \(why): resetting \(name) through the kernel (HCI reset: down, then up)")
+                await quiesceForKernelReset(name)
+                // Off the actor: the ioctl blocks while the kernel takes the controller down.
+                let failure = await Task.detached { () -> HCIDevice.Failure? in
+                    do throws(HCIDevice.Failure) { try HCIDevice.set(.down, adapterName: name) } catch { return error }
                     return nil
                 }.value
                 if let failure {
                     log.log(.warning, "adapter recovery: \(failure)")
-                    // A timeout or I/O error is the controller's; a missing permission is the unit's.
-                    controllerFailed = ![EPERM, EACCES].contains(failure.errno)
+                    controllerFailed = !failure.isPermission
+                    // Not down (no CAP_NET_ADMIN): bluetoothd's power cycle is what is left to try.
+                    if let adapter, !(await powerCycle(adapter)) { controllerFailed = true }
                 } else {
-                    log.log(.notice, "adapter recovery: \(name) reset")
+                    log.log(.notice, "adapter recovery: \(name) taken down through the kernel")
+                    try? await Task.sleep(for: .seconds(1))
+                    // Powering on sends HCI_Reset first, then the configuration of a boot; through bluetoothd so
+                    // that it rebuilds its own view too, through the kernel when bluetoothd cannot.
+                    if !(await powerOn(adapter, name: name)) { controllerFailed = true }
                 }
-                // As `hciconfig hciN reset` follows its reset with down and up: HCIDEVRESET sends HCI_Reset but
-                // not the configuration the kernel gives a controller at power-on (event masks, scan settings),
-                // while the kernel's and bluetoothd's view of it (scanning, discovering) stays as it was. A power
-                // cycle through bluetoothd rebuilds both from scratch.
-                if let adapter, !(await powerCycle(adapter)) { controllerFailed = true }
             case .exit:
                 log.log(
                     .error,
@@ -420,6 +423,43 @@ public actor GatewayDaemon {
             }
             _ = recovery.stepFinished(now: clock.now(), controllerFailed: controllerFailed)
         }
+    }
+
+    /// Waits (bounded by the connect timeout) for the sessions in flight to end before the kernel takes the
+    /// controller down; the loop starts no new ones meanwhile. Connection attempts pending in the kernel when
+    /// it drops a controller's links can crash it (measured in the test bed, Debian 12's 6.1 kernel: an oops in
+    /// hci_chan_del as bluetoothd released the socket of a pending LE connect, taking bluetoothd down with it).
+    private func quiesceForKernelReset(_ name: String) async {
+        guard !sessions.isEmpty else { return }
+        log.log(.info, "adapter recovery: waiting for \(sessions.count) connection attempts to end before resetting \(name)")
+        await waitForSessionsToFinish(within: configuration.connectTimeoutSeconds + 10)
+        if !sessions.isEmpty {
+            log.log(.warning, "adapter recovery: \(sessions.count) sessions still running; resetting \(name) anyway")
+        }
+    }
+
+    /// Powers the controller on after the kernel took it down: through bluetoothd, or with the kernel's own
+    /// HCIDEVUP when bluetoothd has no adapter object or refuses. True when it came up.
+    private func powerOn(_ adapter: BlueZAdapter?, name: String) async -> Bool {
+        if let adapter {
+            do {
+                try await adapter.setPowered(true)
+                log.log(.notice, "adapter recovery: \(name) powered on again")
+                return true
+            } catch {
+                log.log(.warning, "adapter recovery: powering \(name) on through bluetoothd failed: \(error)")
+            }
+        }
+        let failure = await Task.detached { () -> HCIDevice.Failure? in
+            do throws(HCIDevice.Failure) { try HCIDevice.set(.up, adapterName: name) } catch { return error }
+            return nil
+        }.value
+        if let failure {
+            log.log(.warning, "adapter recovery: \(failure)")
+            return false
+        }
+        log.log(.notice, "adapter recovery: \(name) brought up through the kernel")
+        return true
     }
 
     /// Powered off, 1 s, on. The power-on is tried even when the power-off failed: a wedged controller may
