@@ -431,10 +431,10 @@ public actor GatewayDaemon {
     /// hci_chan_del as bluetoothd released the socket of a pending LE connect, taking bluetoothd down with it).
     private func quiesceForKernelReset(_ name: String) async {
         guard !sessions.isEmpty else { return }
-        log.log(.info, "adapter recovery: waiting for \(sessions.count) connection attempts to end before resetting \(name)")
+        log.log(.info, "adapter recovery: waiting for the sessions in flight (\(sessions.count)) to end before resetting \(name)")
         await waitForSessionsToFinish(within: configuration.connectTimeoutSeconds + 10)
         if !sessions.isEmpty {
-            log.log(.warning, "adapter recovery: \(sessions.count) sessions still running; resetting \(name) anyway")
+            log.log(.warning, "adapter recovery: sessions still running (\(sessions.count)); resetting \(name) anyway")
         }
     }
 

@@ -870,7 +870,7 @@ def smp_session_class(policy: PairingPolicy):
 
 def make_link_and_controller_classes():
     """The two bumble fixes this bed needs (see Hardware/TESTBED.md, 'bumble pitfalls')."""
-    from bumble import core, hci
+    from bumble import core, hci, ll
     from bumble.controller import Controller
     from bumble.link import LocalLink
 
@@ -919,6 +919,12 @@ def make_link_and_controller_classes():
                 # started, so a healed controller still found nothing.
                 self.le_scan_enable = False
                 self.pending_le_connection = None
+                # A real controller's reset also drops its links, and each peer sees the link end (supervision
+                # timeout) and advertises again. bumble's keeps them: a peripheral connected when the controller
+                # wedged stayed connected to a link nobody served and never advertised again.
+                for connection in list(self.le_connections.values()):
+                    connection.send_ll_control_pdu(ll.TerminateInd(hci.HCI_CONNECTION_TIMEOUT_ERROR))
+                    del self.le_connections[connection.peer_address]
             if self.wedged is not None:
                 if self.wedged == "heal-on-reset" and isinstance(packet, hci.HCI_Reset_Command):
                     log.warning("controller: HCI_Reset while wedged: answering again")
