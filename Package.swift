@@ -56,9 +56,10 @@ let package = Package(
 
         // One test target per library module; FerryIntegrationTests for whole sessions across modules.
         .testTarget(name: "FerryCoreTests", dependencies: ["FerryCore"]),
-        .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol"]),
+        .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol", "FerrySimulator"]),
         .testTarget(name: "FerryStoreTests", dependencies: ["FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerrySyncTests", dependencies: ["FerrySync", "FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerrySimulatorTests", dependencies: ["FerrySimulator", "FerryProtocol"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryTestBus"]),
         .testTarget(name: "FerryBlueZTests", dependencies: ["FerryBlueZ", "FerryDBus", "FerryTestBus", "FerryFakeBlueZ"]),
