@@ -32,6 +32,8 @@ public final class FakeBlueZ: Sendable {
         public var agents: [(sender: String, path: String, capability: String)] = []
         /// What Device1.Pair does (bluetoothd + the peripheral's SMP, reduced to the agent dialogue).
         public var pairing: PairBehaviour = .justWorks
+        /// What ReadValue returns (STREAM_INFO); nil: version 1, epoch 7, oldest 1, head 5000.
+        public var streamInfo: [UInt8]?
     }
 
     public enum PairBehaviour: Sendable {
@@ -322,6 +324,7 @@ public final class FakeBlueZ: Sendable {
             try? setProperty(call.path, BlueZInterface.device, "Connected", .bool(false))
             return .reply([])
         case (BlueZInterface.gattCharacteristic, "ReadValue"):
+            if let scripted = state.withLock({ $0.streamInfo }) { return .reply([.bytes(scripted)]) }
             // STREAM_INFO: version 1, flags 0, epoch 7, oldest 1, head 5000.
             var bytes: [UInt8] = [1, 0]
             for field: UInt64 in [7, 1, 5000] { bytes += (0..<8).reversed().map { UInt8(truncatingIfNeeded: field >> ($0 * 8)) } }
