@@ -22,11 +22,16 @@ import Testing
     }
 
     /// Runs `ferry sync --json` for the fake's device while answering each SYNC_REQ with DATA up to `head`.
-    func sync(head: UInt64, answer: Bool = true, extra: [String] = []) async throws -> (Run, FakeBlueZ) {
+    func sync(head: UInt64, answer: Bool = true, extra: [String] = [], tree: FakeBlueZ.Tree? = nil) async throws
+        -> (Run, FakeBlueZ)
+    {
         let bus = try TestBus()
-        var tree = FakeBlueZ.adapterOnly()
-        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(resolved: true)
-        tree.merge(FakeBlueZ.gattObjects()) { $1 }
+        var tree = tree ?? [:]
+        if tree.isEmpty {
+            tree = FakeBlueZ.adapterOnly()
+            tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(resolved: true)
+            tree.merge(FakeBlueZ.gattObjects()) { $1 }
+        }
         let fake = try await FakeBlueZ.start(on: bus, tree: tree)
         fake.state.withLock { $0.streamInfo = StreamInfo(epoch: 7, oldest: 1, head: head).encoded() }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-sync-\(UUID().uuidString)")
@@ -126,5 +131,24 @@ import Testing
         #expect(run.status != 0 && run.stdout.isEmpty, "\(run.stdout)")
         #expect(run.stderr.contains("is not bonded with this gateway (--require-bond)"), "\(run.stderr)")
         #expect(!fake.calls.contains("Device1.Connect \(FakeBlueZ.devicePath)"))
+    }
+
+    @Test func aPeripheralWithoutTheSyncServiceIsNamedAndDisconnected() async throws {
+        var tree = FakeBlueZ.adapterOnly()
+        var device = FakeBlueZ.deviceInterfaces(resolved: true)
+        device[BlueZInterface.device]?["UUIDs"] = .strings(["0000180f-0000-1000-8000-00805f9b34fb"])
+        tree[FakeBlueZ.devicePath] = device
+        tree[FakeBlueZ.devicePath + "/service0001"] = [
+            BlueZInterface.gattService: [
+                "UUID": .string("0000180f-0000-1000-8000-00805f9b34fb"), "Device": .objectPath(FakeBlueZ.devicePath),
+                "Primary": .bool(true),
+            ]
+        ]
+        let (run, fake) = try await sync(head: 10, extra: ["--timeout", "15"], tree: tree)
+        defer { fake.stop() }
+        #expect(run.status == 1 && run.stdout.isEmpty, "\(run.stdout)")
+        #expect(run.stderr.contains("is not a Sync peripheral"), "\(run.stderr)")
+        #expect(fake.calls.contains("Device1.Connect \(FakeBlueZ.devicePath)"))
+        #expect(fake.calls.contains("Device1.Disconnect \(FakeBlueZ.devicePath)"))
     }
 }
