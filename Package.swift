@@ -49,13 +49,27 @@ let package = Package(
         .target(name: "FerryCLI", dependencies: ["FerryCore", "FerrySync", "FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"]),
         .executableTarget(name: "ferry", dependencies: ["FerryCLI"]),
 
+        // Test tools shared by test targets (libraries, since a test target cannot depend on another): a private
+        // dbus-daemon per test, and a fake org.bluez on it.
+        .target(name: "FerryTestBus", dependencies: ["FerryDBus"], path: "Tests/FerryTestBus"),
+        .target(name: "FerryFakeBlueZ", dependencies: ["FerryTestBus", "FerryDBus", "FerryBlueZ"], path: "Tests/FerryFakeBlueZ"),
+
+        // One test target per library module; FerryIntegrationTests for whole sessions across modules.
         .testTarget(name: "FerryCoreTests", dependencies: ["FerryCore"]),
-        .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol"]),
+        .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol", "FerrySimulator"]),
         .testTarget(name: "FerryStoreTests", dependencies: ["FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerrySyncTests", dependencies: ["FerrySync", "FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
+        .testTarget(name: "FerrySimulatorTests", dependencies: ["FerrySimulator", "FerryProtocol"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryBlueZ", "FerrySync", "FerryGateway", "FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryTestBus"]),
+        .testTarget(name: "FerryBlueZTests", dependencies: ["FerryBlueZ", "FerryDBus", "FerryTestBus", "FerryFakeBlueZ"]),
+        .testTarget(
+            name: "FerryGatewayTests",
+            dependencies: [
+                "FerryGateway", "FerryBlueZ", "FerryDBus", "FerrySync", "FerryStore", "FerryProtocol", "FerrySimulator",
+                "FerryTestBus", "FerryFakeBlueZ",
+            ]),
+        .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
         .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore"]),
     ],
     swiftLanguageModes: [.v6]

@@ -168,21 +168,20 @@ enum SyncCommand {
         _ = try? await BlueZAgent.register(
             client: client, path: "/ferry/sync_agent", policy: .rejectAll, makeDefault: false,
             log: { log.log(.debug, $0) })
-        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) {
-            log.log(.info, $0)
-        }
-        connector.waitTimeout = min(remaining(), .seconds(30))
-        var policy = ConnectRetryPolicy()
-        let device: BlueZDevice
+        var settings = SessionWorker.Settings(
+            address: address, databasePath: dbPath, configuration: configuration, diskBudgetBytes: diskBudget,
+            requireBond: requireBond, waitTimeout: min(remaining(), .seconds(30)),
+            connectTimeout: .seconds(35), resolveTimeout: .seconds(30))
+        settings.preferredNotify = notify
+        settings.connectorLogLevel = .info
+        settings.deadline = deadline
         // No discovery when BlueZ already has the device object: it only costs time (and radio).
         let discoveryNeeded = await client.knownDevice(address: address.string, on: adapter) == nil
         do {
             if discoveryNeeded {
                 progress.update("\(address): discovering", force: true)
-                _ = try await client.discover(address: address.string, on: adapter, timeout: connector.waitTimeout)
+                _ = try await client.discover(address: address.string, on: adapter, timeout: settings.waitTimeout)
             }
-            mark("discovery")
-            device = try await connector.connect(policy: &policy, connectTimeout: min(remaining(), .seconds(35)))
         } catch let error as BlueZError
             where error.kind == .timeout || error.kind == .unknownObject || error.kind == .notFound
         {
@@ -190,49 +189,54 @@ enum SyncCommand {
         } catch {
             throw CommandFailure("cannot connect to \(address): \(error)")
         }
-        mark("connect")
-        log.log(.info, "connected to \(address)")
-        if requireBond, !(await device.isBonded()) {
-            // Checked again after the connect, before any GATT access: the bond may have vanished meanwhile.
-            try? await device.disconnect()
-            throw CommandFailure(
-                "\(address) is not bonded with this gateway any more (checked after connecting, --require-bond): "
-                    + "nothing synced; re-pair it explicitly with `ferry pair --address \(address)`")
-        }
-        progress.update("\(address): connected, resolving the Sync service", force: true)
-
-        let service: BlueZGattService
-        do {
-            service = try await device.resolveService(
-                uuid: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID],
-                timeout: min(remaining(), .seconds(30)))
-        } catch let missing as ServiceMissing {
-            try? await device.disconnect()
-            throw CommandFailure("\(address) is not a Sync peripheral (\(missing))")
-        } catch {
-            try? await device.disconnect()
-            throw CommandFailure("services of \(address) did not resolve: \(error)")
-        }
-        mark("services_resolved")
-
+        mark("discovery")
         // bluetoothd restarting mid-sync looks like a plain link loss from the session's side; the cache's
         // generation (bumped on every NameOwnerChanged rebuild) lets the summary say what really happened.
         let bluezGeneration = await client.objects.generation
         let bluezOwner = try? await client.connection.nameOwner(BlueZInterface.service)
-        let store = try GatewayStore(path: dbPath)
-        let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
-        let transport = try await BlueZSyncTransport(
-            device: device, service: service, events: continuation, preferredNotify: notify, log: log)
-        let runner = SyncSessionRunner(
-            peripheral: address, store: store, transport: transport, configuration: configuration, log: log,
-            diskBudgetBytes: diskBudget)
+        let worker = SessionWorker(settings: settings, client: client, adapter: adapter, sink: log, clock: phaseClock)
+        let link: SessionWorker.Session
+        do {
+            link = try await worker.open { step in
+                switch step {
+                case .connected:
+                    mark("connect")
+                    log.log(.info, "connected to \(address)")
+                case .resolving:
+                    progress.update("\(address): connected, resolving the Sync service", force: true)
+                case .servicesResolved:
+                    mark("services_resolved")
+                }
+            }
+        } catch {
+            switch error {
+            case .connect(let error as BlueZError)
+            where error.kind == .timeout || error.kind == .unknownObject || error.kind == .notFound:
+                throw CommandFailure("device \(address) not found on \(adapter.name): \(error)")
+            case .connect(let error):
+                throw CommandFailure("cannot connect to \(address): \(error)")
+            case .bondMissingAfterConnect:
+                throw CommandFailure(
+                    "\(address) is not bonded with this gateway any more (checked after connecting, --require-bond): "
+                        + "nothing synced; re-pair it explicitly with `ferry pair --address \(address)`")
+            case .notSyncPeripheral(let missing):
+                throw CommandFailure("\(address) is not a Sync peripheral (\(missing))")
+            case .servicesUnresolved(let error):
+                throw CommandFailure("services of \(address) did not resolve: \(error)")
+            case .cannotStart(let error):
+                throw error
+            }
+        }
+        let runner = link.runner
+        let transport = link.transport
+        let continuation = link.continuation
         // The overall timeout and Ctrl-C both end the session the graceful way: commit, ACK, disconnect.
         let stopper = Task {
             try? await Task.sleep(for: remaining())
             continuation.yield(.stop)
         }
-        await withTaskCancellationHandler {
-            await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation) { runner in
+        let report = await withTaskCancellationHandler {
+            await worker.run(link) { runner in
                 guard progress.enabled else { return }  // runs per notification: no text built for nothing
                 let s = runner.summary
                 progress.update(
@@ -243,7 +247,6 @@ enum SyncCommand {
             continuation.yield(.stop)
         }
         stopper.cancel()
-        continuation.finish()
         let ended = (runner.summary.end ?? .linkLost).description
         let result: String
         switch runner.summary.end {
@@ -262,7 +265,7 @@ enum SyncCommand {
             let bluezGone = await !client.objects.isServiceAvailable || ownerNow == nil
             if runner.summary.backpressure {
                 result = "store over its disk budget"
-            } else if let security = LinkSecurity.encryptionProblem(after: runner.summary.end) {
+            } else if let security = report.securityProblem {
                 result = security
             } else if bluezRestarted || bluezGone {
                 result = "\(ended): bluetoothd exited or restarted during the sync (committed frames are kept; run again)"

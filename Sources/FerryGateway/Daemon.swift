@@ -10,9 +10,10 @@ import FerrySync
 /// slots, and forwards the outbox alongside.
 ///
 /// Shape: one scheduling loop (this actor) decides who gets a slot (`SyncScheduler`, pure); each slot runs one
-/// session task (connect → `SyncSessionRunner` over `BlueZSyncTransport` → summary); the `OutboxForwarder`
-/// runs in its own task. Every session opens its own connection to the store file: SQLite serialises the
-/// writers (WAL, busy timeout), and the store, not memory, is the only queue.
+/// session task (`SessionWorker`, the sequence `ferry sync` uses too: connect → `SyncSessionRunner` over
+/// `BlueZSyncTransport` → summary); the `OutboxForwarder` runs in its own task. Every session opens its own
+/// connection to the store file: SQLite serialises the writers (WAL, busy timeout), and the store, not memory,
+/// is the only queue.
 ///
 /// Shutdown (task cancellation, i.e. SIGTERM/SIGINT): every running session gets `.stop` — it takes no more
 /// frames, commits what is staged, acknowledges only what is committed and disconnects. Sessions still
@@ -652,7 +653,7 @@ public actor GatewayDaemon {
         let log = self.log
         let clock = self.clock
         let task = Task {
-            let result = await SessionWorker(settings: settings, client: client, adapter: adapter, sink: log, clock: clock)
+            let result = await SlotSession(settings: settings, client: client, adapter: adapter, sink: log, clock: clock)
                 .run(register: { continuation in await self.attach(policy.address, continuation) })
             await self.finished(policy.address, result)
         }
@@ -859,8 +860,9 @@ public struct AdapterUnrecoverable: Error, CustomStringConvertible, Sendable {
     }
 }
 
-/// One slot's work: connect, run the sync session, report. Everything it logs names the peripheral.
-struct SessionWorker: Sendable {
+/// One slot's work: the shared `SessionWorker` with the daemon's knobs, its failures and its end told as log
+/// lines and a scheduler outcome. Everything it logs names the peripheral.
+struct SlotSession: Sendable {
     let settings: SessionSettings
     let client: BlueZClient
     let adapter: BlueZAdapter
@@ -872,103 +874,66 @@ struct SessionWorker: Sendable {
     var log: Logger { Logger(sink: sink).with(peripheral: address.string) }
 
     func run(register: @Sendable (AsyncStream<LinkEvent>.Continuation) async -> Bool) async -> SessionResult {
-        let started = clock.now()
-        var connector = DeviceConnector(client: client, adapter: adapter, address: address.string) { [sink] in
-            sink.log(.debug, $0)
-        }
-        connector.waitTimeout = .seconds(15)
-        // The daemon's own scheduler backs off between sessions; inside one attempt keep retries short so a
-        // dead peripheral does not hold a slot for minutes.
-        var retry = ConnectRetryPolicy()
-        retry.configuration.maxTransientAttempts = 2
-        retry.configuration.maxResourceAttempts = 1
-        let device: BlueZDevice
-        do {
-            device = try await connector.connect(
-                policy: &retry, connectTimeout: .milliseconds(Int64(settings.connectTimeout * 1000)))
-        } catch {
-            if !Task.isCancelled { log.log(.warning, "connect failed: \(error)") }
-            return Task.isCancelled
-                ? SessionResult(outcome: .interrupted(backlog: nil))
-                : SessionResult(outcome: .failed, connectFailed: true)
-        }
-        // The bond checked before connecting may be gone now (removed by someone, or a different device
-        // answered at the address): a clear-link GATT access would make bluetoothd pair by itself.
-        if let refused = await refuseUnbonded(device) { return refused }
-        let service: BlueZGattService
-        do {
-            // A late-exported STREAM_INFO is waited for by BlueZSyncTransport.
-            service = try await device.resolveService(
-                uuid: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID],
-                timeout: .seconds(20))
-        } catch {
-            if let missing = error as? ServiceMissing {
-                log.log(.warning, "not a Sync peripheral (\(missing))")
-            } else {
-                log.log(.warning, "services did not resolve: \(error)")
-            }
-            try? await device.disconnect()
-            return SessionResult(outcome: .failed)
-        }
-        if let refused = await refuseUnbonded(device) { return refused }
-        let connectSeconds = clock.now() - started
-        let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
-        let store: GatewayStore
-        let transport: BlueZSyncTransport
-        do {
-            store = try GatewayStore(path: settings.databasePath)
-            transport = try await BlueZSyncTransport(
-                device: device, service: service, events: continuation, preferredNotify: .acquireNotify, log: sink)
-        } catch {
-            log.log(.error, "cannot start a session: \(error)")
-            try? await device.disconnect()
-            return SessionResult(outcome: .failed)
-        }
-        guard await register(continuation) else {
-            continuation.finish()
-            await transport.disconnect()
-            return SessionResult(outcome: .interrupted(backlog: nil))
-        }
         var configuration = settings.configuration
         configuration.stayConnected = settings.policy.stayConnected
-        let runner = SyncSessionRunner(
-            peripheral: address, store: store, transport: transport, configuration: configuration, clock: clock,
-            log: sink, diskBudgetBytes: settings.diskBudgetBytes)
-        runner.metrics = settings.metrics
+        var worker = SessionWorker.Settings(
+            address: address, databasePath: settings.databasePath, configuration: configuration,
+            diskBudgetBytes: settings.diskBudgetBytes, requireBond: settings.requireBond, waitTimeout: .seconds(15),
+            connectTimeout: .milliseconds(Int64(settings.connectTimeout * 1000)), resolveTimeout: .seconds(20))
+        // The daemon's own scheduler backs off between sessions; inside one attempt keep retries short so a
+        // dead peripheral does not hold a slot for minutes.
+        worker.retry.configuration.maxTransientAttempts = 2
+        worker.retry.configuration.maxResourceAttempts = 1
+        worker.metrics = settings.metrics
+        let sessionWorker = SessionWorker(settings: worker, client: client, adapter: adapter, sink: sink, clock: clock)
+        let session: SessionWorker.Session
+        do {
+            session = try await sessionWorker.open()
+        } catch {
+            switch error {
+            case .connect(let error):
+                if !Task.isCancelled { log.log(.warning, "connect failed: \(error)") }
+                return Task.isCancelled
+                    ? SessionResult(outcome: .interrupted(backlog: nil))
+                    : SessionResult(outcome: .failed, connectFailed: true)
+            case .bondMissingAfterConnect:
+                log.log(.warning, "connected, but BlueZ holds no bond for it: disconnecting before any GATT access")
+                return SessionResult(outcome: .failed, bondMissingAfterConnect: true)
+            case .notSyncPeripheral(let missing):
+                log.log(.warning, "not a Sync peripheral (\(missing))")
+                return SessionResult(outcome: .failed)
+            case .servicesUnresolved(let error):
+                log.log(.warning, "services did not resolve: \(error)")
+                return SessionResult(outcome: .failed)
+            case .cannotStart(let error):
+                log.log(.error, "cannot start a session: \(error)")
+                return SessionResult(outcome: .failed)
+            }
+        }
+        guard await register(session.continuation) else {
+            session.continuation.finish()
+            await session.transport.disconnect()
+            return SessionResult(outcome: .interrupted(backlog: nil))
+        }
         log.log(
             .info,
-            "connected in \(String(format: "%.2f", connectSeconds)) s"
+            "connected in \(String(format: "%.2f", session.connectSeconds)) s"
                 + (settings.policy.stayConnected ? " (stays connected for live events)" : ""))
-        let sessionStart = clock.now()
-        await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation, clock: clock)
-        continuation.finish()
-        let seconds = clock.now() - sessionStart
-        let s = runner.summary
-        let head = runner.machine.knownHead
-        let backlog = head.map { $0 > s.cursor ? $0 - s.cursor : 0 }
-        let outcome = SyncScheduler.Outcome(s, backlog: backlog)
-        let rate = seconds > 0 ? Double(s.framesStored) / seconds : 0
-        if let security = LinkSecurity.encryptionProblem(after: s.end) {
+        let report = await sessionWorker.run(session)
+        let s = report.summary
+        let rate = report.seconds > 0 ? Double(s.framesStored) / report.seconds : 0
+        if let security = report.securityProblem {
             log.log(.warning, "\(security)")
         }
         log.log(
-            outcome == .failed ? .warning : .notice,
+            report.outcome == .failed ? .warning : .notice,
             "sync \(s.end ?? .linkLost): \(s.framesStored) frames stored in "
-                + String(format: "%.2f s (%.0f frames/s)", seconds, rate) + ", epoch \(s.epoch) cursor \(s.cursor)"
-                + (head.map { " head \($0)" } ?? "") + ", \(s.duplicates) duplicates, \(s.gapsRecorded) gaps, "
+                + String(format: "%.2f s (%.0f frames/s)", report.seconds, rate) + ", epoch \(s.epoch) cursor \(s.cursor)"
+                + (report.knownHead.map { " head \($0)" } ?? "") + ", \(s.duplicates) duplicates, \(s.gapsRecorded) gaps, "
                 + "\(s.regressions) regressions, \(s.corrupt) corrupt"
                 + (s.backpressure ? "; store over its disk budget (backpressure)" : "")
-                + " [via \(transport.notifyMethod?.rawValue ?? "none")]")
-        return SessionResult(outcome: outcome, summary: s, connectSeconds: connectSeconds)
-    }
-
-    /// Under require_bond: nil if BlueZ holds a bond for the connected `device`; otherwise disconnects it and
-    /// returns the refused session's result (reported by the daemon).
-    private func refuseUnbonded(_ device: BlueZDevice) async -> SessionResult? {
-        guard settings.requireBond, !(await device.isBonded()) else { return nil }
-        log.log(.warning, "connected, but BlueZ holds no bond for it: disconnecting before any GATT access")
-        try? await device.disconnect()
-        return SessionResult(outcome: .failed, bondMissingAfterConnect: true)
+                + " [via \(session.transport.notifyMethod?.rawValue ?? "none")]")
+        return SessionResult(outcome: report.outcome, summary: s, connectSeconds: session.connectSeconds)
     }
 }
 

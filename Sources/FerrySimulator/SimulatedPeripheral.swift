@@ -35,8 +35,21 @@ public final class SimulatedPeripheral {
         /// false: an acknowledged payload is released (`Generation.forgotten`), so a long replay (benchmarks)
         /// holds only what is unacknowledged. Tests keep them all, as the ground truth they check against.
         public var keepsAcknowledgedPayloads = true
+        /// Where the window of a SYNC_REQ(n) counts from: firmwares differ, and a gateway must cope with each.
+        public var requestWindow = RequestWindow.fromRequest
 
         public init() {}
+    }
+
+    /// How a peripheral reads SYNC_REQ(n)'s `n` (PROTOCOL §4 lets it count the window from n; some firmware
+    /// counts from its last SYNC_ACK only, some treat the request as an acknowledgement and delete up to n).
+    public enum RequestWindow: Sendable, Equatable {
+        /// The window counts from n (nothing is deleted).
+        case fromRequest
+        /// The window counts from the last SYNC_ACK: after a re-request above it, fewer frames come.
+        case fromLastAck
+        /// n is acknowledged: events up to it are deleted and the window counts from it.
+        case acknowledges
     }
 
     /// Fault knobs. Rates are probabilities per notification, per frame or per byte as named.
@@ -66,6 +79,14 @@ public final class SimulatedPeripheral {
         /// nothing new is sent, and each SYNC_REQ is answered with one stale duplicate (the requested cursor's
         /// own frame). The field fault of issue 12. nil: never.
         public var stallAfterFrames: Int?
+        /// Per DATA frame about to go on the air: the device's buffer overflows and its 1–5 oldest retained
+        /// events are evicted (lost unless the gateway already has them): losses in the middle of a replay.
+        public var evictPerFrame = 0.0
+        /// The first DATA frame after each answered SYNC_REQ goes on the air clean (no junk before it, its
+        /// notifications neither dropped nor flipped). PROTOCOL §4.5 decides "the replay skipped again" on that
+        /// frame, so a transit loss of exactly it is recorded as a GAP; with this on, every GAP a gateway records
+        /// must be a real loss on the device (`Generation.lost`), which property tests can then demand.
+        public var spareFirstFrameAfterRequest = false
 
         public init() {}
         public static let none = Faults()
@@ -273,7 +294,9 @@ public final class SimulatedPeripheral {
     }
 
     enum Delivery {
-        case notification([UInt8])
+        /// `requestsAnswered`: how many SYNC_REQs the device had answered on this link when it put these bytes
+        /// on the air (fewer than the gateway sent: the bytes belong to an older replay).
+        case notification([UInt8], requestsAnswered: Int)
         case linkLost
         case idle
     }
@@ -282,7 +305,7 @@ public final class SimulatedPeripheral {
     func nextNotification(_ id: Int) -> Delivery {
         while true {
             guard let link, link.id == id else { return .linkLost }
-            guard let bytes = link.popNotification() else { return .idle }
+            guard let (bytes, requestsAnswered, spared) = link.popNotification() else { return .idle }
             if random.chance(faults.disconnectPerNotification) {
                 dropLink()
                 return .linkLost
@@ -295,14 +318,14 @@ public final class SimulatedPeripheral {
                 mustSucceed { () throws(SimulatorError) in try regressCounter() }
                 return .linkLost
             }
-            if random.chance(faults.dropNotification) {
+            if !spared && random.chance(faults.dropNotification) {
                 statistics.notificationsDropped += 1
                 continue
             }
             statistics.notificationsSent += 1
             var air = bytes
-            flipBits(&air)
-            return .notification(air)
+            if !spared { flipBits(&air) }
+            return .notification(air, requestsAnswered: requestsAnswered)
         }
     }
 
@@ -345,8 +368,20 @@ public final class SimulatedPeripheral {
             }
             link.streaming = true
             link.window = min(Int(window), configuration.maxWindow ?? Int.max)
-            link.ackBase = frame.seq
+            switch configuration.requestWindow {
+            case .fromRequest:
+                link.ackBase = frame.seq
+            case .fromLastAck:
+                link.ackBase = current.acknowledgedUpTo
+            case .acknowledges:
+                link.ackBase = frame.seq
+                if frame.seq > current.acknowledgedUpTo && frame.seq <= head {
+                    mustSucceed { () throws(SimulatorError) in try commit(.ack(frame.seq)) }
+                }
+            }
             link.nextSeq = frame.seq &+ 1
+            link.requestsAnswered += 1
+            link.spareNextFrame = faults.spareFirstFrameAfterRequest
             // Notifications already queued stay on the air: PROTOCOL §4's "rest of the old window is still
             // in flight" after a re-request is exactly what a gateway must survive.
             pump()
@@ -475,6 +510,7 @@ public final class SimulatedPeripheral {
     private func pump() {
         guard let link, link.subscribed, link.streaming, !link.stalled else { return }
         var burst: [UInt8] = []
+        var spared: Range<Int>?
         var highest: UInt64 = 0
         while link.nextSeq <= head {
             if link.nextSeq < firstRetained {
@@ -483,7 +519,19 @@ public final class SimulatedPeripheral {
             }
             let base = max(link.ackBase, firstRetained - 1)
             guard link.nextSeq - base <= UInt64(link.window) else { break }
-            appendDataFrame(seq: link.nextSeq, to: &burst)
+            if random.chance(faults.evictPerFrame) {
+                let count = UInt32.random(in: 1...5, using: &random)
+                mustSucceed { () throws(SimulatorError) in try commit(.evict(count)) }
+                continue  // the window and the next seq are looked at again
+            }
+            if link.spareNextFrame {
+                link.spareNextFrame = false
+                let start = burst.count
+                appendDataFrame(seq: link.nextSeq, to: &burst, clean: true)
+                spared = start..<burst.count
+            } else {
+                appendDataFrame(seq: link.nextSeq, to: &burst)
+            }
             statistics.maxFramesBeyondAck = max(statistics.maxFramesBeyondAck, Int(link.nextSeq - base))
             highest = link.nextSeq
             link.nextSeq += 1
@@ -501,12 +549,24 @@ public final class SimulatedPeripheral {
         var offset = 0
         while offset < burst.count {
             let end = min(offset + configuration.notificationSize, burst.count)
-            link.queue(Array(burst[offset..<end]))
+            link.queue(Array(burst[offset..<end]), spared: spared?.overlaps(offset..<end) ?? false)
             offset = end
         }
     }
 
-    private func appendDataFrame(seq: UInt64, to bytes: inout [UInt8]) {
+    /// `clean`: no junk in front of the frame (`Faults.spareFirstFrameAfterRequest`).
+    private func appendDataFrame(seq: UInt64, to bytes: inout [UInt8], clean: Bool = false) {
+        if !clean { appendJunk(to: &bytes) }
+        let frame = Frame.data(seq: seq, payload: current.payloads[Int(seq - current.firstSeq) - current.forgotten]).encoded()
+        bytes += frame
+        statistics.framesSent += 1
+        if random.chance(faults.duplicateFrame) {
+            bytes += frame
+            statistics.duplicatesSent += 1
+        }
+    }
+
+    private func appendJunk(to bytes: inout [UInt8]) {
         if random.chance(faults.noisePerFrame) {
             let count = Int.random(in: 1...8, using: &random)
             for _ in 0..<count { bytes.append(UInt8.random(in: 0...255, using: &random)) }
@@ -528,13 +588,6 @@ public final class SimulatedPeripheral {
             unknown += [UInt8(crc >> 8), UInt8(crc & 0xFF)]
             bytes += unknown
             statistics.junkInjected += 1
-        }
-        let frame = Frame.data(seq: seq, payload: current.payloads[Int(seq - current.firstSeq) - current.forgotten]).encoded()
-        bytes += frame
-        statistics.framesSent += 1
-        if random.chance(faults.duplicateFrame) {
-            bytes += frame
-            statistics.duplicatesSent += 1
         }
     }
 
@@ -637,7 +690,11 @@ final class Link {
     var framesSent = 0
     /// `Faults.stallAfterFrames` hit on this link: nothing new is sent any more.
     var stalled = false
-    private var notifications: [[UInt8]] = []
+    /// SYNC_REQs answered on this link (not ignored, not stalled).
+    var requestsAnswered = 0
+    /// `Faults.spareFirstFrameAfterRequest`: the next DATA frame goes on the air clean.
+    var spareNextFrame = false
+    private var notifications: [(bytes: [UInt8], requestsAnswered: Int, spared: Bool)] = []
     private var nextIndex = 0
 
     init(id: Int, liveEventAt: Double?) {
@@ -645,11 +702,12 @@ final class Link {
         self.liveEventAt = liveEventAt
     }
 
-    func queue(_ bytes: [UInt8]) {
-        notifications.append(bytes)
+    /// `spared`: carries a byte of a frame `Faults.spareFirstFrameAfterRequest` keeps clean.
+    func queue(_ bytes: [UInt8], spared: Bool = false) {
+        notifications.append((bytes, requestsAnswered, spared))
     }
 
-    func popNotification() -> [UInt8]? {
+    func popNotification() -> (bytes: [UInt8], requestsAnswered: Int, spared: Bool)? {
         guard nextIndex < notifications.count else {
             notifications.removeAll(keepingCapacity: true)
             nextIndex = 0

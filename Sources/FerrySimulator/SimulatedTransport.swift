@@ -26,6 +26,10 @@ public final class SimulatedTransport: SyncTransport {
     public private(set) var crashed = false
     /// CONTROL frames delivered to the peripheral, in order.
     public private(set) var controlFramesWritten: [Frame] = []
+    /// How many SYNC_REQs the peripheral had answered on this link when it put the notification `nextDelivery()`
+    /// returned last on the air. Below the number the gateway sent, that notification is still the old replay
+    /// (PROTOCOL §4: the rest of the old window stays in flight after a re-request).
+    public private(set) var lastNotificationRequestsAnswered = 0
 
     private let linkID: Int
     private var closedByGateway = false
@@ -76,7 +80,9 @@ public final class SimulatedTransport: SyncTransport {
     public func nextDelivery() -> Delivery {
         if crashed || closedByGateway { return .idle }
         switch peripheral.nextNotification(linkID) {
-        case .notification(let bytes): return .notification(bytes)
+        case .notification(let bytes, let requestsAnswered):
+            lastNotificationRequestsAnswered = requestsAnswered
+            return .notification(bytes)
         case .idle: return .idle
         case .linkLost: return .linkLost
         }

@@ -1,11 +1,12 @@
 import FerryDBus
 import Foundation
 import Testing
+import FerryTestBus
 
 /// Round-trip throughput against a real dbus-daemon. Not a timed assertion: it only runs when asked,
 /// and prints what it measured. Run it in a release build:
 ///   FERRY_DBUS_BENCH=1 swift test -c release --filter DBusBenchmark
-@Suite("FerryDBus benchmark", .serialized, .enabled(if: ProcessInfo.processInfo.environment["FERRY_DBUS_BENCH"] != nil))
+@Suite("FerryDBus benchmark", .serialized, .enabled(if: ProcessInfo.processInfo.environment["FERRY_DBUS_BENCH"] != nil, "set FERRY_DBUS_BENCH=1 to run"))
 struct DBusBenchmark {
     @Test func roundTripCallsPerSecond() async throws {
         let bus = try TestBus()

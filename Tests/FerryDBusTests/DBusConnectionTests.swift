@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 import FerryDBus
+import FerryTestBus
 
 #if canImport(Glibc)
     import Glibc

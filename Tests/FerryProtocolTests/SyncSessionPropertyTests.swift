@@ -1,9 +1,12 @@
+import FerrySimulator
 import Foundation
 import Testing
 @testable import FerryProtocol
 
-/// THE DURABILITY RULE and exactly-once coverage over many seeded random worlds (random chunking, drops,
-/// duplicates, corruption, noise, peripheral-side losses, silence, live events, commit delays, disconnects).
+/// THE DURABILITY RULE and exactly-once coverage over many seeded random worlds: the simulator's peripheral
+/// (notification sizes from 1 to 517 bytes, drops, duplicates, corruption, noise, losses on the peripheral,
+/// ignored requests, three readings of SYNC_REQ's window, live events, disconnects) against the machine with
+/// random commit delays.
 /// Default: a quick sample. `FERRY_SYNC_PROPERTY_RUNS=20000 swift test --filter SyncSessionProperty` for a long run;
 /// `FERRY_SYNC_PROPERTY_SEED=N` replays one world.
 @Suite struct SyncSessionPropertyTests {
@@ -14,13 +17,13 @@ import Testing
         return Array(1...max(1, runs))
     }
 
-    @Test func randomWorldsKeepTheDurabilityRuleAndCoverEveryEventOnce() {
+    @Test func randomWorldsKeepTheDurabilityRuleAndCoverEveryEventOnce() async throws {
         var failed: [String] = []
         var totals = (sessions: 0, acks: 0, gaps: 0, spurious: 0, race: 0, events: UInt64(0))
         for seed in Self.seeds {
-            let world = SyncWorld(.random(seed: seed))
+            let world = try SessionWorld(.random(seed: seed))
             if ProcessInfo.processInfo.environment["FERRY_SYNC_TRACE"] != nil { world.trace = [] }
-            world.run()
+            await world.run()
             if let trace = world.trace { print(trace.suffix(400).joined(separator: "\n")) }
             let problems = world.failures + world.coverageProblems()
             if !problems.isEmpty {
@@ -31,7 +34,7 @@ import Testing
             totals.gaps += world.gaps.count
             totals.spurious += world.spuriousGaps.count
             totals.race += world.raceGaps.count
-            totals.events += world.pHead
+            totals.events += world.head
         }
         let report = "\(failed.count) of \(Self.seeds.count) worlds failed:\n" + failed.prefix(8).joined(separator: "\n")
         #expect(failed.isEmpty, "\(report)")
@@ -45,12 +48,12 @@ import Testing
     }
 
     /// A clean link, no faults: no gap ever, one session, cursor == head.
-    @Test(arguments: [true, false]) func cleanLinkNeedsOneSessionAndRecordsNoGap(hasStreamInfo: Bool) {
-        var config = SyncWorld.Config(seed: 7)
+    @Test(arguments: [true, false]) func cleanLinkNeedsOneSessionAndRecordsNoGap(hasStreamInfo: Bool) async throws {
+        var config = SessionWorld.Config(seed: 7)
         config.events = 1000
         config.hasStreamInfo = hasStreamInfo
-        let world = SyncWorld(config)
-        world.run()
+        let world = try SessionWorld(config)
+        await world.run()
         #expect(world.failures.isEmpty, "\(world.failures)")
         #expect(world.coverageProblems().isEmpty, "\(world.coverageProblems())")
         #expect(world.gaps.isEmpty)
@@ -60,17 +63,17 @@ import Testing
     }
 
     /// Heavy transit loss only (nothing lost on the peripheral): every event arrives, never a GAP.
-    @Test(arguments: [true, false]) func transitLossNeverBecomesAGap(hasStreamInfo: Bool) {
+    @Test(arguments: [true, false]) func transitLossNeverBecomesAGap(hasStreamInfo: Bool) async throws {
         for seed: UInt64 in 1...15 {
-            var config = SyncWorld.Config(seed: seed)
+            var config = SessionWorld.Config(seed: seed)
             config.events = 300
             config.hasStreamInfo = hasStreamInfo
             config.dropRate = 0.05
             config.corruptRate = 0.05
             config.noiseRate = 0.1
-            config.maxChunk = 30
-            let world = SyncWorld(config)
-            world.run()
+            config.notificationSize = 30
+            let world = try SessionWorld(config)
+            await world.run()
             #expect(world.failures.isEmpty, "seed \(seed): \(world.failures)")
             #expect(world.coverageProblems().isEmpty, "seed \(seed): \(world.coverageProblems())")
             #expect(world.gaps.isEmpty, "seed \(seed): \(world.gaps)")
@@ -78,15 +81,15 @@ import Testing
     }
 
     /// Real losses on the peripheral: each becomes a GAP, and nothing else does.
-    @Test(arguments: [true, false]) func peripheralLossBecomesExactlyTheGap(hasStreamInfo: Bool) {
+    @Test(arguments: [true, false]) func peripheralLossBecomesExactlyTheGap(hasStreamInfo: Bool) async throws {
         for seed: UInt64 in 1...15 {
-            var config = SyncWorld.Config(seed: seed)
+            var config = SessionWorld.Config(seed: seed)
             config.events = 300
             config.hasStreamInfo = hasStreamInfo
             config.initiallyLost = seed % 3 == 0 ? 40 : 0
             config.pruneRate = 0.01
-            let world = SyncWorld(config)
-            world.run()
+            let world = try SessionWorld(config)
+            await world.run()
             #expect(world.failures.isEmpty, "seed \(seed): \(world.failures)")
             #expect(world.coverageProblems().isEmpty, "seed \(seed): \(world.coverageProblems())")
         }

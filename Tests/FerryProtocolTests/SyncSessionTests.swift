@@ -4,7 +4,11 @@ import Testing
 // Scripted SyncSession scenarios (PROTOCOL §4): each test plays the owner by hand with an explicit `now`
 // (times are binary-exact: idle 0.25 s, response 2 s) and checks the exact actions.
 
-func frames(_ seqs: ClosedRange<UInt64>) -> [Frame] { seqs.map { .data(seq: $0, payload: SyncWorld.payload($0)) } }
+/// A recognisable payload per seq (its length varies with the seq, so frames differ in size).
+func payload(_ seq: UInt64) -> [UInt8] {
+    Array("event \(seq) ".utf8) + [UInt8](repeating: UInt8(truncatingIfNeeded: seq), count: Int(seq % 37))
+}
+func frames(_ seqs: ClosedRange<UInt64>) -> [Frame] { seqs.map { .data(seq: $0, payload: payload($0)) } }
 func dataBytes(_ seqs: ClosedRange<UInt64>) -> [UInt8] { frames(seqs).flatMap { $0.encoded() } }
 func info(epoch: UInt64 = 7, oldest: UInt64, head: UInt64) -> [UInt8] {
     StreamInfo(epoch: epoch, oldest: oldest, head: head).encoded()

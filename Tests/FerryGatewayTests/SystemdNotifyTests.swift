@@ -2,6 +2,8 @@ import FerryGateway
 import FerrySync
 import Foundation
 import Testing
+import FerryTestBus
+import FerryFakeBlueZ
 
 #if canImport(Glibc)
     import Glibc
@@ -159,14 +161,5 @@ extension DatagramListener {
             if let message = receive(timeout: min(left, 0.5)) { seen.append(message) }
         }
         return seen
-    }
-}
-
-/// Runs blocking work (waiting for a subprocess, polling a socket) on a thread of its own: the fake org.bluez
-/// lives in this test process and answers on the cooperative pool, which a blocked test must not occupy (two
-/// suites blocking both pool threads of a 2-core machine starve the fakes, and the subprocess's calls time out).
-func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread { continuation.resume(with: Result { try body() }) }.start()
     }
 }

@@ -1,5 +1,4 @@
 import FerryBlueZ
-import FerryGateway
 import FerryDBus
 import Foundation
 
@@ -7,6 +6,8 @@ import Foundation
     import Glibc
 #endif
 import Testing
+import FerryTestBus
+import FerryFakeBlueZ
 
 /// The BlueZ client against a fake org.bluez on a real private dbus-daemon: cache, signals, restart,
 /// shared discovery, connect recovery, GATT calls and the notification paths.
@@ -156,7 +157,7 @@ struct BlueZClientTests {
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus)
         let client = try await BlueZClient(
-            connection: try await clientConnection(bus), discoveryServiceUUIDs: [SyncProfile.serviceUUID])
+            connection: try await clientConnection(bus), discoveryServiceUUIDs: [FakeBlueZ.serviceUUID])
         let adapter = try await client.adapter()
         let discovery = client.discovery(on: adapter)
         #expect(discovery === client.discovery(on: adapter))
@@ -169,7 +170,7 @@ struct BlueZClientTests {
         #expect(fake.calls.filter { $0.hasPrefix("Adapter1.StartDiscovery") }.count == 1)
         let filter = fake.state.withLock { $0.discoveryFilter }
         #expect(filter["Transport"]?.string == "le")
-        #expect(filter["UUIDs"]?.stringArray == [SyncProfile.serviceUUID])
+        #expect(filter["UUIDs"]?.stringArray == [FakeBlueZ.serviceUUID])
 
         await leases[0].release()
         await c.release()
@@ -434,8 +435,8 @@ struct BlueZClientTests {
 
         let waiter = Task {
             try await device.waitUntilServicesResolved(
-                serviceUUID: SyncProfile.serviceUUID,
-                characteristicUUIDs: [SyncProfile.dataUUID, SyncProfile.controlUUID], timeout: .seconds(5))
+                serviceUUID: FakeBlueZ.serviceUUID,
+                characteristicUUIDs: [FakeBlueZ.dataUUID, FakeBlueZ.controlUUID], timeout: .seconds(5))
         }
         // bluetoothd flags ServicesResolved first; the objects come later.
         try fake.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "ServicesResolved", .bool(true))
@@ -448,8 +449,8 @@ struct BlueZClientTests {
         try fake.addObject(FakeBlueZ.controlPath, gatt[FakeBlueZ.controlPath]!)
         let service = try await waiter.value
         #expect(service.path == FakeBlueZ.servicePath)
-        #expect(await service.characteristic(uuid: SyncProfile.streamInfoUUID) == nil)  // never exported here
-        #expect(await service.characteristic(uuid: SyncProfile.controlUUID)?.path == FakeBlueZ.controlPath)
+        #expect(await service.characteristic(uuid: FakeBlueZ.streamInfoUUID) == nil)  // never exported here
+        #expect(await service.characteristic(uuid: FakeBlueZ.controlUUID)?.path == FakeBlueZ.controlPath)
         fake.stop()
     }
 
@@ -462,7 +463,7 @@ struct BlueZClientTests {
         let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
         let waiter = Task {
             try await device.waitUntilServicesResolved(
-                serviceUUID: SyncProfile.serviceUUID, characteristicUUIDs: [], timeout: .seconds(20))
+                serviceUUID: FakeBlueZ.serviceUUID, characteristicUUIDs: [], timeout: .seconds(20))
         }
         try await Task.sleep(for: .milliseconds(100))
         let start = ContinuousClock.now
@@ -481,20 +482,20 @@ struct BlueZClientTests {
         let client = try await BlueZClient(connection: try await clientConnection(bus))
         let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
         let service = try await device.waitUntilServicesResolved(
-            serviceUUID: SyncProfile.serviceUUID.uppercased(), characteristicUUIDs: [SyncProfile.dataUUID])
-        #expect(await device.gattServiceUUIDs() == [SyncProfile.serviceUUID])
+            serviceUUID: FakeBlueZ.serviceUUID.uppercased(), characteristicUUIDs: [FakeBlueZ.dataUUID])
+        #expect(await device.gattServiceUUIDs() == [FakeBlueZ.serviceUUID])
         return (fake, client, service)
     }
 
     @Test func readAndWriteValueUseBlueZShapes() async throws {
         let bus = try TestBus()
         let (fake, _, service) = try await connectedGattFake(bus)
-        let info = try await service.requireCharacteristic(uuid: SyncProfile.streamInfoUUID)
+        let info = try await service.requireCharacteristic(uuid: FakeBlueZ.streamInfoUUID)
         let bytes = try await info.readValue()
         #expect(bytes.count == 26)
         #expect(bytes[0] == 1)
         #expect(bytes[25] == UInt8(5000 & 0xFF))
-        let control = try await service.requireCharacteristic(uuid: SyncProfile.controlUUID)
+        let control = try await service.requireCharacteristic(uuid: FakeBlueZ.controlUUID)
         #expect(await control.flags() == ["write", "write-without-response"])
         #expect(await control.mtu() == 247)
         let syncReq: [UInt8] = [0xA5, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0x14, 0x9C, 0xA9]
@@ -509,7 +510,7 @@ struct BlueZClientTests {
     @Test func acquireWriteGivesASocketWhoseWritesArriveWhole() async throws {
         let bus = try TestBus()
         let (fake, _, service) = try await connectedGattFake(bus)
-        let control = try await service.requireCharacteristic(uuid: SyncProfile.controlUUID)
+        let control = try await service.requireCharacteristic(uuid: FakeBlueZ.controlUUID)
         let (fd, mtu) = try await control.acquireWrite()
         #expect(mtu == 247)
         let frame: [UInt8] = [0xA5, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x14, 0, 0, 0x71, 0x49]
@@ -522,7 +523,7 @@ struct BlueZClientTests {
     @Test func acquireNotifyDeliversEachNotificationAndEndsOnLinkLoss() async throws {
         let bus = try TestBus()
         let (fake, _, service) = try await connectedGattFake(bus)
-        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let data = try await service.requireCharacteristic(uuid: FakeBlueZ.dataUUID)
         let notifications = try await data.subscribe(preferring: .acquireNotify)
         #expect(notifications.method == .acquireNotify)
         #expect(notifications.mtu == 247)
@@ -541,7 +542,7 @@ struct BlueZClientTests {
         fake.state.withLock {
             $0.acquireNotifyError = DBusError(name: "org.bluez.Error.NotPermitted", message: "Notify acquired")
         }
-        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let data = try await service.requireCharacteristic(uuid: FakeBlueZ.dataUUID)
         let notifications = try await data.subscribe(preferring: .acquireNotify)
         #expect(notifications.method == .startNotify)
         #expect(fake.calls.contains("GattCharacteristic1.StartNotify \(FakeBlueZ.dataPath)"))
@@ -562,7 +563,7 @@ struct BlueZClientTests {
     @Test func startNotifyStreamDeliversEverythingThenEndsWhenTheLinkDrops() async throws {
         let bus = try TestBus()
         let (fake, _, service) = try await connectedGattFake(bus)
-        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let data = try await service.requireCharacteristic(uuid: FakeBlueZ.dataUUID)
         let notifications = try await data.subscribe(preferring: .startNotify)
         #expect(notifications.method == .startNotify)
         for i in 0..<20 {
@@ -578,7 +579,7 @@ struct BlueZClientTests {
     @Test func startNotifyStreamEndsWhenBluetoothdVanishes() async throws {
         let bus = try TestBus()
         let (fake, _, service) = try await connectedGattFake(bus)
-        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let data = try await service.requireCharacteristic(uuid: FakeBlueZ.dataUUID)
         let notifications = try await data.subscribe(preferring: .startNotify)
         try fake.setProperty(FakeBlueZ.dataPath, BlueZInterface.gattCharacteristic, "Value", .bytes([7]))
         fake.stop()
@@ -599,7 +600,7 @@ struct BlueZClientTests {
             }
             return .reply([])
         }
-        let data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
+        let data = try await service.requireCharacteristic(uuid: FakeBlueZ.dataUUID)
         let start = ContinuousClock.now
         let notifications = try await data.subscribe(preferring: .acquireNotify, acquireTimeout: .milliseconds(300))
         #expect(notifications.method == .startNotify)

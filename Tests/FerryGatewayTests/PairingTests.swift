@@ -6,6 +6,8 @@ import FerryProtocol
 import FerryStore
 import Foundation
 import Testing
+import FerryTestBus
+import FerryFakeBlueZ
 
 /// Collects log lines (the daemon and the pairing flow take a sink; they never build one).
 final class RecordingLog: LogSink {

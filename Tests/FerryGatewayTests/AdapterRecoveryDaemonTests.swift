@@ -5,6 +5,8 @@ import FerryProtocol
 import FerryStore
 import Foundation
 import Testing
+import FerryTestBus
+import FerryFakeBlueZ
 
 /// The daemon carrying out adapter recovery against a real dbus-daemon and the fake org.bluez (the ladder's
 /// logic itself: AdapterRecoveryTests). The HCI reset step is off here: it would reset a real controller of

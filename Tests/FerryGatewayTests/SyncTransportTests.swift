@@ -5,6 +5,8 @@ import FerryProtocol
 import FerrySync
 import Foundation
 import Testing
+import FerryTestBus
+import FerryFakeBlueZ
 
 /// BlueZSyncTransport against the fake org.bluez: SYNC_REQ keeps its ATT response, SYNC_ACK goes without one
 /// when CONTROL allows it, and the DATA subscription is started before the session asks for it (while it

@@ -1,5 +1,3 @@
-import FerryGateway
-import FerrySync
 import FerryProtocol
 import FerrySimulator
 import Foundation
@@ -130,15 +128,85 @@ struct SimulatedPeripheralTests {
         #expect(noisyFrames.allSatisfy { peripheral.current.payload(of: $0.seq) == $0.payload })
     }
 
-    @Test("the driver reports a machine that never finishes instead of hanging")
-    func stepCap() async throws {
-        let dir = try TemporaryDirectory("cap")
-        defer { dir.remove() }
-        let peripheral = try SimulatedPeripheral(directory: nil, seed: 5)
-        try peripheral.record(count: 1_000)
-        let gateway = try Gateway(directory: dir)
-        gateway.limits.maxSteps = 10
-        let record = try await gateway.session(with: peripheral)
-        #expect(record.outcome.ending == .stepCapReached)
+    @Test("a buffer overflow per frame (evictPerFrame) loses events mid-replay, and the ground truth names them")
+    func evictionPerFrame() async throws {
+        var faults = SimulatedPeripheral.Faults()
+        faults.evictPerFrame = 0.2
+        let peripheral = try SimulatedPeripheral(directory: nil, faults: faults, seed: 6)
+        try peripheral.record(count: 200)
+        let transport = SimulatedTransport(connectingTo: peripheral, now: 0)
+        try await transport.subscribe()
+        try await transport.writeControl(Frame.syncRequest(lastCommitted: 0, window: 500).encoded())
+        let seen = drain(transport)
+        let lost = Set(peripheral.current.lost.flatMap { $0 })
+        #expect(!lost.isEmpty && peripheral.statistics.evicted == lost.count)
+        // The oldest retained events go, sent or not (nothing is acknowledged here): those not sent yet never are.
+        #expect(seen.count < 200, "some events were evicted before their turn")
+        #expect(Set(seen).union(lost) == Set(1...200), "every event is either sent or lost")
+        #expect(seen == seen.sorted())
+    }
+
+    @Test("spareFirstFrameAfterRequest: the first frame after each answered SYNC_REQ arrives intact on a hostile link")
+    func firstFrameAfterRequestIsSpared() async throws {
+        var faults = SimulatedPeripheral.Faults()
+        faults.dropNotification = 0.5
+        faults.bitFlipRate = 0.01
+        faults.noisePerFrame = 0.5
+        faults.spareFirstFrameAfterRequest = true
+        var config = SimulatedPeripheral.Configuration()
+        config.notificationSize = 20  // the spared frame spans notifications: all of them are spared
+        let peripheral = try SimulatedPeripheral(directory: nil, configuration: config, faults: faults, seed: 7)
+        try peripheral.record(count: 400)
+        let transport = SimulatedTransport(connectingTo: peripheral, now: 0)
+        try await transport.subscribe()
+        var damagedElsewhere = false
+        for from: UInt64 in stride(from: 0, to: 300, by: 15) {
+            try await transport.writeControl(Frame.syncRequest(lastCommitted: from, window: 10).encoded())
+            let seqs = drain(transport)
+            #expect(seqs.first == from + 1, "the first frame after SYNC_REQ(\(from)) is spared")
+            if seqs != Array((from + 1)...(from + 10)) { damagedElsewhere = true }
+        }
+        #expect(damagedElsewhere, "the other frames still suffer the link's faults")
+    }
+
+    @Test("how a SYNC_REQ's window counts: from the request, from the last ACK, or as an ACK")
+    func requestWindowReadings() async throws {
+        func replay(_ reading: SimulatedPeripheral.RequestWindow) async throws -> (seqs: [UInt64], oldest: UInt64) {
+            var config = SimulatedPeripheral.Configuration()
+            config.requestWindow = reading
+            let peripheral = try SimulatedPeripheral(directory: nil, configuration: config, seed: 8)
+            try peripheral.record(count: 100)
+            let transport = SimulatedTransport(connectingTo: peripheral, now: 0)
+            try await transport.subscribe()
+            try await transport.writeControl(Frame.syncRequest(lastCommitted: 0, window: 10).encoded())
+            _ = drain(transport)
+            try await transport.writeControl(Frame.syncAck(committed: 5).encoded())
+            _ = drain(transport)
+            try await transport.writeControl(Frame.syncRequest(lastCommitted: 8, window: 10).encoded())
+            return (drain(transport), peripheral.streamInfo.oldest)
+        }
+        let fromRequest = try await replay(.fromRequest)
+        #expect(fromRequest.seqs == Array(9...18) && fromRequest.oldest == 6)
+        let fromLastAck = try await replay(.fromLastAck)
+        #expect(fromLastAck.seqs == Array(9...15) && fromLastAck.oldest == 6, "10 beyond the ACK of 5")
+        let acknowledges = try await replay(.acknowledges)
+        #expect(acknowledges.seqs == Array(9...18) && acknowledges.oldest == 9, "1...8 deleted by the request")
+    }
+
+    @Test("each notification says how many SYNC_REQs the peripheral had answered when it sent it")
+    func notificationsCarryTheirRequestCount() async throws {
+        var config = SimulatedPeripheral.Configuration()
+        config.notificationSize = 1_000
+        let peripheral = try SimulatedPeripheral(directory: nil, configuration: config, seed: 9)
+        try peripheral.record(count: 100)
+        let transport = SimulatedTransport(connectingTo: peripheral, now: 0)
+        try await transport.subscribe()
+        try await transport.writeControl(Frame.syncRequest(lastCommitted: 0, window: 10).encoded())
+        try await transport.writeControl(Frame.syncRequest(lastCommitted: 0, window: 20).encoded())
+        // The first replay's notification is still on the air (PROTOCOL §4): it was sent after one request.
+        guard case .notification = transport.nextDelivery() else { Issue.record("no first notification"); return }
+        #expect(transport.lastNotificationRequestsAnswered == 1)
+        guard case .notification = transport.nextDelivery() else { Issue.record("no second notification"); return }
+        #expect(transport.lastNotificationRequestsAnswered == 2)
     }
 }

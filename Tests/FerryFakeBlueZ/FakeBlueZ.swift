@@ -1,6 +1,6 @@
 import FerryBlueZ
-import FerryGateway
 import FerryDBus
+import FerryTestBus
 import Foundation
 
 #if canImport(Glibc)
@@ -10,31 +10,33 @@ import Foundation
 /// A minimal org.bluez-shaped service on a private bus: an ObjectManager at "/", an adapter, devices,
 /// GATT objects, and just enough method behaviour to exercise the client's plumbing. It is NOT a model
 /// of bluetoothd's radio behaviour; real BlueZ runs in the VM test bed.
-final class FakeBlueZ: Sendable {
-    typealias Tree = [String: [String: [String: DBusValue]]]
+public final class FakeBlueZ: Sendable {
+    public typealias Tree = [String: [String: [String: DBusValue]]]
 
-    struct State {
-        var tree: Tree = [:]
-        var calls: [String] = []  // "Interface.Member path" in arrival order
-        var connectScript: [DBusError?] = []  // popped per Connect; nil = success
-        var discoveryFilter: [String: DBusValue] = [:]
-        var writes: [(bytes: [UInt8], type: String)] = []
-        var acquireNotifyError: DBusError?
-        var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
-        var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
-        var deviceAppearsOnDiscovery = false
+    public struct State: Sendable {
+        public var tree: Tree = [:]
+        public var calls: [String] = []  // "Interface.Member path" in arrival order
+        public var connectScript: [DBusError?] = []  // popped per Connect; nil = success
+        public var discoveryFilter: [String: DBusValue] = [:]
+        public var writes: [(bytes: [UInt8], type: String)] = []
+        public var acquireNotifyError: DBusError?
+        public var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
+        public var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
+        public var deviceAppearsOnDiscovery = false
         /// Announce nothing and leave GetManagedObjects unanswered while discovering: a bluetoothd whose main
         /// loop an advertising flood keeps from its idle callbacks (signals and calls alike).
-        var starvedWhileDiscovering = false
-        var discovering = false
+        public var starvedWhileDiscovering = false
+        public var discovering = false
         /// Set Adapter1.Powered true fails (a controller that does not come back).
-        var refusePowerOn = false
-        var agents: [(sender: String, path: String, capability: String)] = []
+        public var refusePowerOn = false
+        public var agents: [(sender: String, path: String, capability: String)] = []
         /// What Device1.Pair does (bluetoothd + the peripheral's SMP, reduced to the agent dialogue).
-        var pairing: PairBehaviour = .justWorks
+        public var pairing: PairBehaviour = .justWorks
+        /// What ReadValue returns (STREAM_INFO); nil: version 1, epoch 7, oldest 1, head 5000.
+        public var streamInfo: [UInt8]?
     }
 
-    enum PairBehaviour: Sendable {
+    public enum PairBehaviour: Sendable {
         /// Bonds without asking the agent (a locally initiated Just Works pairing).
         case justWorks
         /// The peripheral displays `expected`; bluetoothd asks the agent (RequestPasskey).
@@ -45,21 +47,27 @@ final class FakeBlueZ: Sendable {
         case refuse
     }
 
-    let connection: DBusConnection
-    let state = LockedValue(State())
-    static let adapterPath = "/org/bluez/hci0"
-    static let deviceAddress = "C0:FF:EE:00:00:01"
-    static let devicePath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_01"
-    static let servicePath = devicePath + "/service0010"
-    static let dataPath = servicePath + "/char0011"
-    static let controlPath = servicePath + "/char0014"
-    static let streamInfoPath = servicePath + "/char0016"
+    public let connection: DBusConnection
+    public let state = LockedValue(State())
+    /// The Sync profile's GATT UUIDs (PROTOCOL.md §1) as literals: the fake is a FerryBlueZ test tool and must not
+    /// link FerryGateway; FerryGatewayTests checks they are SyncProfile's.
+    public static let serviceUUID = "f3a70001-8a96-49d6-9124-d674293fa28b"
+    public static let dataUUID = "f3a70002-8a96-49d6-9124-d674293fa28b"
+    public static let controlUUID = "f3a70003-8a96-49d6-9124-d674293fa28b"
+    public static let streamInfoUUID = "f3a70004-8a96-49d6-9124-d674293fa28b"
+    public static let adapterPath = "/org/bluez/hci0"
+    public static let deviceAddress = "C0:FF:EE:00:00:01"
+    public static let devicePath = "/org/bluez/hci0/dev_C0_FF_EE_00_00_01"
+    public static let servicePath = devicePath + "/service0010"
+    public static let dataPath = servicePath + "/char0011"
+    public static let controlPath = servicePath + "/char0014"
+    public static let streamInfoPath = servicePath + "/char0016"
 
     private init(connection: DBusConnection) {
         self.connection = connection
     }
 
-    static func start(on bus: TestBus, tree: Tree = FakeBlueZ.adapterOnly()) async throws -> FakeBlueZ {
+    public static func start(on bus: TestBus, tree: Tree = FakeBlueZ.adapterOnly()) async throws -> FakeBlueZ {
         let fake = FakeBlueZ(connection: try await bus.connect())
         fake.state.withLock { $0.tree = tree }
         try fake.exportAll()
@@ -77,7 +85,7 @@ final class FakeBlueZ: Sendable {
         return fake
     }
 
-    func stop() {
+    public func stop() {
         let peer = state.withLock { s -> Int32 in
             let p = s.notifyPeer
             s.notifyPeer = -1
@@ -93,11 +101,11 @@ final class FakeBlueZ: Sendable {
         connection.close()
     }
 
-    var calls: [String] { state.withLock { $0.calls } }
+    public var calls: [String] { state.withLock { $0.calls } }
 
     // MARK: Trees
 
-    static func adapterOnly(powered: Bool = true) -> Tree {
+    public static func adapterOnly(powered: Bool = true) -> Tree {
         [
             adapterPath: [
                 BlueZInterface.adapter: [
@@ -107,16 +115,16 @@ final class FakeBlueZ: Sendable {
         ]
     }
 
-    static func deviceInterfaces(connected: Bool = false, resolved: Bool = false) -> [String: [String: DBusValue]] {
+    public static func deviceInterfaces(connected: Bool = false, resolved: Bool = false) -> [String: [String: DBusValue]] {
         [
             BlueZInterface.device: [
                 "Address": .string(deviceAddress), "Adapter": .objectPath(adapterPath), "Connected": .bool(connected),
-                "ServicesResolved": .bool(resolved), "UUIDs": .strings([SyncProfile.serviceUUID]),
+                "ServicesResolved": .bool(resolved), "UUIDs": .strings([Self.serviceUUID]),
             ]
         ]
     }
 
-    static func gattObjects() -> Tree {
+    public static func gattObjects() -> Tree {
         func characteristic(_ uuid: String, _ flags: [String]) -> [String: [String: DBusValue]] {
             [
                 BlueZInterface.gattCharacteristic: [
@@ -128,18 +136,18 @@ final class FakeBlueZ: Sendable {
         return [
             servicePath: [
                 BlueZInterface.gattService: [
-                    "UUID": .string(SyncProfile.serviceUUID), "Device": .objectPath(devicePath), "Primary": .bool(true),
+                    "UUID": .string(Self.serviceUUID), "Device": .objectPath(devicePath), "Primary": .bool(true),
                 ]
             ],
-            dataPath: characteristic(SyncProfile.dataUUID, ["notify"]),
-            controlPath: characteristic(SyncProfile.controlUUID, ["write", "write-without-response"]),
-            streamInfoPath: characteristic(SyncProfile.streamInfoUUID, ["read"]),
+            dataPath: characteristic(Self.dataUUID, ["notify"]),
+            controlPath: characteristic(Self.controlUUID, ["write", "write-without-response"]),
+            streamInfoPath: characteristic(Self.streamInfoUUID, ["read"]),
         ]
     }
 
     // MARK: Mutations that emit the signals bluetoothd would
 
-    func addObject(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
+    public func addObject(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
         state.withLock { $0.tree[path, default: [:]].merge(interfaces) { _, new in new } }
         try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
         try connection.emitSignal(
@@ -149,12 +157,12 @@ final class FakeBlueZ: Sendable {
 
     /// The object exists (GetManagedObjects and method calls see it) but its InterfacesAdded is not sent: a
     /// bluetoothd whose main loop is too busy to run the idle callback that flushes its signals.
-    func addObjectUnannounced(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
+    public func addObjectUnannounced(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
         state.withLock { $0.tree[path, default: [:]].merge(interfaces) { _, new in new } }
         try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
     }
 
-    func removeObject(_ path: String) throws {
+    public func removeObject(_ path: String) throws {
         let names = state.withLock { s -> [String] in
             let names = s.tree[path].map { Array($0.keys).sorted() } ?? []
             s.tree[path] = nil
@@ -166,7 +174,7 @@ final class FakeBlueZ: Sendable {
             arguments: [.objectPath(path), .strings(names)])
     }
 
-    func setProperty(_ path: String, _ interface: String, _ name: String, _ value: DBusValue) throws {
+    public func setProperty(_ path: String, _ interface: String, _ name: String, _ value: DBusValue) throws {
         state.withLock { $0.tree[path]?[interface]?[name] = value }
         try connection.emitSignal(
             path: path, interface: BlueZInterface.properties, member: "PropertiesChanged",
@@ -174,14 +182,14 @@ final class FakeBlueZ: Sendable {
     }
 
     /// Writes one notification into the AcquireNotify socket (one datagram = one notification).
-    func notifyThroughSocket(_ bytes: [UInt8]) -> Bool {
+    public func notifyThroughSocket(_ bytes: [UInt8]) -> Bool {
         let fd = state.withLock { $0.notifyPeer }
         guard fd >= 0 else { return false }
         return bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } == bytes.count
     }
 
     /// Reads one datagram the client wrote through its AcquireWrite socket.
-    func receiveAcquiredWrite() -> [UInt8]? {
+    public func receiveAcquiredWrite() -> [UInt8]? {
         let fd = state.withLock { $0.writePeer }
         guard fd >= 0 else { return nil }
         var buffer = [UInt8](repeating: 0, count: 600)
@@ -190,7 +198,7 @@ final class FakeBlueZ: Sendable {
     }
 
     /// Closes our end of the notify socket: the client sees end-of-file, as on link loss.
-    func dropNotifySocket() {
+    public func dropNotifySocket() {
         let fd = state.withLock { s -> Int32 in
             let fd = s.notifyPeer
             s.notifyPeer = -1
@@ -199,7 +207,7 @@ final class FakeBlueZ: Sendable {
         if fd >= 0 { close(fd) }
     }
 
-    static func encode(_ interfaces: [String: [String: DBusValue]]) -> DBusValue {
+    public static func encode(_ interfaces: [String: [String: DBusValue]]) -> DBusValue {
         .dict(
             keySignature: "s", valueSignature: "a{sv}",
             interfaces.sorted { $0.key < $1.key }.map { DBusDictEntry(key: .string($0.key), value: .properties($0.value)) })
@@ -316,6 +324,7 @@ final class FakeBlueZ: Sendable {
             try? setProperty(call.path, BlueZInterface.device, "Connected", .bool(false))
             return .reply([])
         case (BlueZInterface.gattCharacteristic, "ReadValue"):
+            if let scripted = state.withLock({ $0.streamInfo }) { return .reply([.bytes(scripted)]) }
             // STREAM_INFO: version 1, flags 0, epoch 7, oldest 1, head 5000.
             var bytes: [UInt8] = [1, 0]
             for field: UInt64 in [7, 1, 5000] { bytes += (0..<8).reversed().map { UInt8(truncatingIfNeeded: field >> ($0 * 8)) } }

@@ -6,6 +6,8 @@ import FerryProtocol
 import FerryStore
 import Foundation
 import Testing
+import FerryTestBus
+import FerryFakeBlueZ
 
 /// The daemon's hooks into the metrics and the live view, with a real dbus-daemon and the fake org.bluez:
 /// a session that cannot connect is counted under its typed outcome, the live view names the adapter while

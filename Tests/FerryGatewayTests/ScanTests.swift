@@ -4,6 +4,8 @@ import FerryGateway
 import FerrySync
 import Foundation
 import Testing
+import FerryTestBus
+import FerryFakeBlueZ
 
 #if canImport(Glibc)
     import Glibc

@@ -5,14 +5,17 @@ import FerryDBus
     import Glibc
 #endif
 
+// Test support shared by the D-Bus, BlueZ and gateway test targets (a library target, not a test target:
+// test targets cannot depend on each other).
+
 /// A private dbus-daemon for one test: own config, own socket in its own temp dir, killed afterwards.
 /// Real daemon, real sockets, real fd passing: nothing here is mocked.
-final class TestBus {
-    let directory: URL
-    let address: String
-    let pid: pid_t
+public final class TestBus {
+    public let directory: URL
+    public let address: String
+    public let pid: pid_t
 
-    init() throws {
+    public init() throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-dbus-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let config = directory.appendingPathComponent("bus.conf")
@@ -70,7 +73,7 @@ final class TestBus {
         self.pid = pid
     }
 
-    func connect(timeout: Duration = .seconds(5)) async throws -> DBusConnection {
+    public func connect(timeout: Duration = .seconds(5)) async throws -> DBusConnection {
         try await DBusConnection.connect(to: .address(address), defaultCallTimeout: timeout)
     }
 
@@ -92,13 +95,14 @@ private func isAlive(_ pid: pid_t) -> Bool {
     return state != "Z" && state != "X"
 }
 
-struct TestBusError: Error, CustomStringConvertible {
-    var message: String
-    var description: String { message }
+public struct TestBusError: Error, CustomStringConvertible {
+    public var message: String
+    public var description: String { message }
+    public init(message: String) { self.message = message }
 }
 
 /// Waits for the first element of `stream` satisfying `predicate`, failing after `timeout`.
-func first<T: Sendable>(
+public func first<T: Sendable>(
     _ stream: AsyncStream<T>, within timeout: Duration = .seconds(5), where predicate: @escaping @Sendable (T) -> Bool = { _ in true }
 ) async throws -> T {
     try await withThrowingTaskGroup(of: T?.self) { group in
@@ -115,5 +119,14 @@ func first<T: Sendable>(
             throw TestBusError(message: "no matching element within \(timeout)")
         }
         return value
+    }
+}
+
+/// Runs blocking work (waiting for a subprocess, polling a socket) on a thread of its own: the fake org.bluez
+/// lives in this test process and answers on the cooperative pool, which a blocked test must not occupy (two
+/// suites blocking both pool threads of a 2-core machine starve the fakes, and the subprocess's calls time out).
+public func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
+    try await withCheckedThrowingContinuation { continuation in
+        Thread { continuation.resume(with: Result { try body() }) }.start()
     }
 }

@@ -2,6 +2,8 @@ import FerryBlueZ
 import FerryDBus
 import Foundation
 import Testing
+import FerryTestBus
+import FerryFakeBlueZ
 
 #if canImport(Glibc)
     import Glibc

@@ -1,0 +1,28 @@
+import FerryFakeBlueZ
+import FerryGateway
+import Foundation
+import Testing
+
+/// A fresh directory under the system temp dir, removed by `remove()`.
+struct TemporaryDirectory {
+    let url: URL
+
+    init(_ label: String) throws {
+        url = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "ferry-gw-\(label)-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
+    }
+
+    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
+
+    func remove() { try? FileManager.default.removeItem(at: url) }
+}
+
+/// The fake org.bluez spells the Sync profile's UUIDs itself (it serves FerryBlueZTests, which do not link
+/// FerryGateway): they must be the ones the gateway looks for, or every gateway test against it proves nothing.
+@Test func fakeBlueZServesTheSyncProfile() {
+    #expect(FakeBlueZ.serviceUUID == SyncProfile.serviceUUID)
+    #expect(FakeBlueZ.dataUUID == SyncProfile.dataUUID)
+    #expect(FakeBlueZ.controlUUID == SyncProfile.controlUUID)
+    #expect(FakeBlueZ.streamInfoUUID == SyncProfile.streamInfoUUID)
+}

@@ -1,0 +1,154 @@
+import FerryBlueZ
+import FerryDBus
+import FerryFakeBlueZ
+import FerryProtocol
+import FerryTestBus
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// `ferry sync` (the built executable) against the fake org.bluez, the test playing the peripheral: its JSON
+/// (keys, phases, discovery_needed), its exit status and its store, for the connect → resolve → transport →
+/// runner → classify sequence it shares with `ferry run`.
+@Suite(.serialized) struct SyncCommandProcessTests {
+    struct Run {
+        var status: Int32?
+        var json: [String: Any]
+        var stdout: String
+        var stderr: String
+    }
+
+    /// Runs `ferry sync --json` for the fake's device while answering each SYNC_REQ with DATA up to `head`.
+    func sync(head: UInt64, answer: Bool = true, extra: [String] = [], tree: FakeBlueZ.Tree? = nil) async throws
+        -> (Run, FakeBlueZ)
+    {
+        let bus = try TestBus()
+        var tree = tree ?? [:]
+        if tree.isEmpty {
+            tree = FakeBlueZ.adapterOnly()
+            tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(resolved: true)
+            tree.merge(FakeBlueZ.gattObjects()) { $1 }
+        }
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        fake.state.withLock { $0.streamInfo = StreamInfo(epoch: 7, oldest: 1, head: head).encoded() }
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-sync-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+
+        // The peripheral: every SYNC_REQ written is answered with the window's frames, one per notification.
+        let peripheral = Task {
+            var answered = 0
+            while !Task.isCancelled {
+                let writes = fake.state.withLock { $0.writes }
+                for write in writes.dropFirst(answered) {
+                    var decoder = FrameDecoder()
+                    decoder.feed(write.bytes) { frame in
+                        guard answer, frame.type == .syncRequest, let window = frame.requestedWindow else { return }
+                        let last = min(head, frame.seq + UInt64(window))
+                        guard last > frame.seq else { return }
+                        for seq in (frame.seq + 1)...last {
+                            _ = fake.notifyThroughSocket(Frame.data(seq: seq, payload: Array("event \(seq)".utf8)).encoded())
+                        }
+                    }
+                }
+                answered = writes.count
+                try? await Task.sleep(for: .milliseconds(5))
+            }
+        }
+        defer { peripheral.cancel() }
+
+        let process = Process()
+        let testBinary = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        process.executableURL = testBinary.deletingLastPathComponent().appendingPathComponent("ferry")
+        process.arguments = [
+            "sync", "--address", FakeBlueZ.deviceAddress, "--db", directory.appendingPathComponent("ferry.db").path,
+            "--bus", bus.address, "--json", "--verbose",
+        ] + extra
+        let out = directory.appendingPathComponent("stdout"), err = directory.appendingPathComponent("stderr")
+        _ = FileManager.default.createFile(atPath: out.path, contents: nil)
+        _ = FileManager.default.createFile(atPath: err.path, contents: nil)
+        process.standardOutput = try FileHandle(forWritingTo: out)
+        process.standardError = try FileHandle(forWritingTo: err)
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        // Waited for off the cooperative pool, where the fake answers the process's calls.
+        let status = try await blocking { () -> Int32? in
+            let deadline = Date().addingTimeInterval(60)
+            while process.isRunning && Date() < deadline { usleep(20_000) }
+            if process.isRunning { process.terminate(); return nil }
+            return process.terminationStatus
+        }
+        let stdout = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
+        let stderr = (try? String(contentsOf: err, encoding: .utf8)) ?? ""
+        let json = (try? JSONSerialization.jsonObject(with: Data(stdout.utf8))) as? [String: Any] ?? [:]
+        return (Run(status: status, json: json, stdout: stdout, stderr: stderr), fake)
+    }
+
+    @Test func aSyncToTheHeadPrintsItsJSONAndExitsZero() async throws {
+        let (run, fake) = try await sync(head: 45)
+        defer { fake.stop() }
+        #expect(run.status == 0, "\(run.stdout) \(run.stderr)")
+        #expect(run.json["result"] as? String == "caught up", "\(run.stdout) \(run.stderr)")
+        #expect(run.json["frames_stored"] as? Int == 45)
+        #expect(run.json["cursor"] as? String == "45" && run.json["epoch"] as? String == "7")
+        #expect(run.json["discovery_needed"] as? Bool == false, "BlueZ knew the device")
+        #expect(run.json["notify_path"] as? String == "acquireNotify")
+        #expect(run.json["mtu"] as? Int == 247)
+        let keys: Set<String> = [
+            "address", "result", "frames_stored", "duplicates", "gaps", "regressions", "corrupt", "crc_mismatches",
+            "stalls", "epoch", "cursor", "notify_path", "mtu", "duration_seconds", "discovery_needed", "phases",
+        ]
+        #expect(Set(run.json.keys) == keys)
+        let phases = run.json["phases"] as? [String: Any] ?? [:]
+        #expect(
+            Set(phases.keys) == [
+                "discovery", "connect", "services_resolved", "stream_info", "subscribed", "first_data", "last_data",
+                "caught_up", "final_ack", "disconnected",
+            ], "\(phases)")
+        #expect(phases.values.allSatisfy { $0 is Double }, "every phase happened: \(phases)")
+        #expect(run.stderr.contains("connected to \(FakeBlueZ.deviceAddress)"), "\(run.stderr)")
+        // The SYNC_ACKs went out as writes without response, the last one for the head.
+        let acks = fake.state.withLock { $0.writes }.filter { $0.type == "command" }.map(\.bytes)
+        #expect(acks.last == Frame.syncAck(committed: 45).encoded())
+        #expect(fake.calls.contains("Device1.Disconnect \(FakeBlueZ.devicePath)"))
+    }
+
+    @Test func aSilentPeripheralIsNoResponseAndExitsNonZero() async throws {
+        let (run, fake) = try await sync(head: 10, answer: false)
+        defer { fake.stop() }
+        #expect(run.status == 1, "\(run.stdout) \(run.stderr)")
+        #expect(run.json["result"] as? String == "no response from the peripheral after 3 SYNC_REQs", "\(run.stdout)")
+        #expect(run.json["frames_stored"] as? Int == 0)
+        #expect(run.stderr.contains("did not finish: no response"), "\(run.stderr)")
+    }
+
+    @Test func anUnbondedPeripheralUnderRequireBondIsRefusedBeforeAnyConnect() async throws {
+        let (run, fake) = try await sync(head: 10, extra: ["--require-bond"])
+        defer { fake.stop() }
+        #expect(run.status != 0 && run.stdout.isEmpty, "\(run.stdout)")
+        #expect(run.stderr.contains("is not bonded with this gateway (--require-bond)"), "\(run.stderr)")
+        #expect(!fake.calls.contains("Device1.Connect \(FakeBlueZ.devicePath)"))
+    }
+
+    @Test func aPeripheralWithoutTheSyncServiceIsNamedAndDisconnected() async throws {
+        var tree = FakeBlueZ.adapterOnly()
+        var device = FakeBlueZ.deviceInterfaces(resolved: true)
+        device[BlueZInterface.device]?["UUIDs"] = .strings(["0000180f-0000-1000-8000-00805f9b34fb"])
+        tree[FakeBlueZ.devicePath] = device
+        tree[FakeBlueZ.devicePath + "/service0001"] = [
+            BlueZInterface.gattService: [
+                "UUID": .string("0000180f-0000-1000-8000-00805f9b34fb"), "Device": .objectPath(FakeBlueZ.devicePath),
+                "Primary": .bool(true),
+            ]
+        ]
+        let (run, fake) = try await sync(head: 10, extra: ["--timeout", "15"], tree: tree)
+        defer { fake.stop() }
+        #expect(run.status == 1 && run.stdout.isEmpty, "\(run.stdout)")
+        #expect(run.stderr.contains("is not a Sync peripheral"), "\(run.stderr)")
+        #expect(fake.calls.contains("Device1.Connect \(FakeBlueZ.devicePath)"))
+        #expect(fake.calls.contains("Device1.Disconnect \(FakeBlueZ.devicePath)"))
+    }
+}
