@@ -51,6 +51,18 @@ public struct BlueZGattCharacteristic: Sendable {
             "WriteValue", [.bytes(bytes), .properties(["type": .string(type.rawValue)])], timeout: timeout)
     }
 
+    /// WriteValue with the NO_REPLY_EXPECTED flag: queued on the bus and forgotten. bluetoothd answers nothing
+    /// (gdbus drops the reply of a no-reply call), so there is no reply to route, parse or wait for. Only for
+    /// writes whose loss the caller covers otherwise; messages on one connection keep their order, so a later
+    /// call still reaches bluetoothd after it. Throws only when the connection is closed.
+    public func writeValueWithoutReply(_ bytes: [UInt8], type: GattWriteType) throws {
+        try mappingErrorsSync {
+            try connection.callNoReply(
+                destination: service, path: path, interface: BlueZInterface.gattCharacteristic, member: "WriteValue",
+                arguments: [.bytes(bytes), .properties(["type": .string(type.rawValue)])])
+        }
+    }
+
     /// AcquireNotify → (socket fd, MTU). Bound the call: bluetoothd 5.66 never answers it on a link
     /// whose pairing failed (and later crashes), so the timeout is part of the contract.
     public func acquireNotify(timeout: Duration = .seconds(5)) async throws -> (fd: DBusUnixFD, mtu: UInt16) {

@@ -27,7 +27,7 @@ public final class BlueZSyncTransport: SyncTransport {
     /// while a client holds CONTROL's write socket, bluetoothd 5.66 refuses every WriteValue on it ("Write
     /// acquired", seen in the test bed), and SYNC_REQ must keep its response.
     public enum AckWritePath: String, Sendable {
-        /// WriteValue type "command": write-without-response, a D-Bus call that returns once queued.
+        /// WriteValue type "command": write-without-response, sent as a D-Bus call without reply.
         case writeCommand
         /// WriteValue type "request": CONTROL lacks write-without-response.
         case writeRequest
@@ -122,7 +122,16 @@ public final class BlueZSyncTransport: SyncTransport {
     }
 
     public func writeAck(_ bytes: [UInt8]) async throws {
-        try await control.writeValue(bytes, type: ackWrite == .writeCommand ? .command : .request)
+        switch ackWrite {
+        case .writeCommand:
+            // Write-without-response gives no delivery proof anyway, so its D-Bus reply (bluetoothd: "queued")
+            // is not waited for either: the call goes out with NO_REPLY_EXPECTED. Per ACK that saves a reply
+            // message through dbus-daemon, its parse, and a wake-up of the session task; the session goes on
+            // with the next notification at once. Still in order before any later SYNC_REQ (one connection).
+            try control.writeValueWithoutReply(bytes, type: .command)
+        case .writeRequest, nil:
+            try await control.writeValue(bytes, type: .request)
+        }
     }
 
     /// The ACK path is read off CONTROL's flags alongside the subscription (two D-Bus calls in flight at once).

@@ -19,6 +19,8 @@ final class FakeBlueZ: Sendable {
         var connectScript: [DBusError?] = []  // popped per Connect; nil = success
         var discoveryFilter: [String: DBusValue] = [:]
         var writes: [(bytes: [UInt8], type: String)] = []
+        /// Per write in `writes`: the caller asked for no reply (NO_REPLY_EXPECTED).
+        var writesWithoutReply: [Bool] = []
         var acquireNotifyError: DBusError?
         var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
         var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
@@ -323,7 +325,10 @@ final class FakeBlueZ: Sendable {
         case (BlueZInterface.gattCharacteristic, "WriteValue"):
             let bytes = call.arguments.first?.bytes ?? []
             let type = call.arguments.count > 1 ? (call.arguments[1].dictionary?["type"]?.string ?? "") : ""
-            state.withLock { $0.writes.append((bytes, type)) }
+            state.withLock {
+                $0.writes.append((bytes, type))
+                $0.writesWithoutReply.append(call.noReplyExpected)
+            }
             return .reply([])
         case (BlueZInterface.gattCharacteristic, "AcquireNotify"):
             if let error = state.withLock({ $0.acquireNotifyError }) { return .error(error) }

@@ -50,9 +50,19 @@ import Testing
         let ack = Frame.syncAck(committed: 20).encoded()
         try await transport.writeControl(request)
         try await transport.writeAck(ack)
+        // The ACK goes out without a D-Bus reply: writeAck returned before bluetoothd saw it.
+        try await waitFor("the ACK's WriteValue") { fake.state.withLock { $0.writes.count } == 2 }
         let writes = fake.state.withLock { $0.writes }
         #expect(writes.map(\.type) == ["request", "command"])
         #expect(writes.map(\.bytes) == [request, ack])
+        #expect(fake.state.withLock { $0.writesWithoutReply } == [false, true])
+        // A SYNC_REQ right behind a reply-less ACK still gets its reply (the fake answers each call in a task of
+        // its own, so the arrival order it records is not the wire's: not checked here).
+        let ack2 = Frame.syncAck(committed: 40).encoded()
+        try await transport.writeAck(ack2)
+        try await transport.writeControl(request)
+        try await waitFor("the second ACK") { fake.state.withLock { $0.writes.count } == 4 }
+        #expect(fake.state.withLock { $0.writes.filter { $0.type == "command" }.map(\.bytes) }.sorted { $0.lexicographicallyPrecedes($1) } == [ack, ack2])
         // Nothing holds CONTROL's write socket: bluetoothd would refuse the SYNC_REQ's WriteValue then.
         #expect(!fake.calls.contains { $0.hasPrefix("GattCharacteristic1.AcquireWrite") })
         await transport.disconnect()
@@ -66,6 +76,7 @@ import Testing
         #expect(transport.ackWrite == .writeRequest)
         try await transport.writeAck(Frame.syncAck(committed: 20).encoded())
         #expect(fake.state.withLock { $0.writes.map(\.type) } == ["request"])
+        #expect(fake.state.withLock { $0.writesWithoutReply } == [false], "a write request keeps its reply")
         await transport.disconnect()
     }
 }
