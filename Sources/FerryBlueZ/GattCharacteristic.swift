@@ -15,6 +15,19 @@ public enum GattNotifyMethod: String, Sendable {
     case startNotify
 }
 
+/// One notification event, handed to a `GattNotificationSink`.
+public enum GattNotification: Sendable {
+    /// The bytes of one notification.
+    case value([UInt8])
+    /// No more notifications: the link dropped, BlueZ closed the socket, or the subscription was stopped.
+    case ended
+}
+
+/// Receives notifications where they are read (the AcquireNotify reader thread, or the StartNotify signal
+/// task), in order, `.ended` last: for a consumer with its own queue, one hop less per notification than
+/// reading `BlueZNotifications.values` in a task of its own and passing each value on.
+public typealias GattNotificationSink = @Sendable (GattNotification) -> Void
+
 /// One org.bluez.GattCharacteristic1 object.
 public struct BlueZGattCharacteristic: Sendable {
     public let path: String
@@ -106,14 +119,15 @@ public struct BlueZGattCharacteristic: Sendable {
 
     /// Subscribes to notifications, preferring `method` and falling back to the other path:
     /// AcquireNotify → StartNotify when AcquireNotify is refused, unsupported, or does not answer.
+    /// With `deliver`, notifications go to it (see `GattNotificationSink`) and the result's `values` is empty.
     public func subscribe(
         preferring method: GattNotifyMethod = .acquireNotify, acquireTimeout: Duration = .seconds(5),
-        log: DBusLogSink? = nil
+        log: DBusLogSink? = nil, deliver: GattNotificationSink? = nil
     ) async throws -> BlueZNotifications {
         if method == .acquireNotify {
             do {
                 let (fd, mtu) = try await acquireNotify(timeout: acquireTimeout)
-                let reader = try NotificationSocketReader(fd: fd, mtu: Int(mtu))
+                let reader = try NotificationSocketReader(fd: fd, mtu: Int(mtu), deliver: deliver)
                 return BlueZNotifications(method: .acquireNotify, mtu: mtu, values: reader.values) {
                     reader.stop()
                 }
@@ -149,14 +163,25 @@ public struct BlueZGattCharacteristic: Sendable {
         let forward = Task {
             for await signal in signals {
                 switch Self.classify(signal, characteristicPath: characteristicPath, devicePath: devicePath) {
-                case .value(let bytes): continuation.yield(bytes)
-                case .linkEnded: continuation.finish()
+                case .value(let bytes):
+                    if let deliver { deliver(.value(bytes)) } else { continuation.yield(bytes) }
+                case .linkEnded:
+                    if let deliver {
+                        deliver(.ended)
+                        return
+                    }
+                    continuation.finish()
                 case .ignore: continue
                 }
             }
+            deliver?(.ended)
             continuation.finish()
         }
-        continuation.onTermination = { _ in forward.cancel() }
+        if deliver == nil {
+            continuation.onTermination = { _ in forward.cancel() }
+        } else {
+            continuation.finish()  // `values` stays empty: the sink has them
+        }
         return BlueZNotifications(method: .startNotify, mtu: mtu, values: values) {
             try? await characteristic.stopNotify()
             forward.cancel()

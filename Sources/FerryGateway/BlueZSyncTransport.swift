@@ -15,7 +15,6 @@ public final class BlueZSyncTransport: SyncTransport {
     private let preferredNotify: GattNotifyMethod
     private let log: any LogSink
     private var notifications: BlueZNotifications?
-    private var forwarding: Task<Void, Never>?
     public private(set) var notifyMethod: GattNotifyMethod?
     public private(set) var mtu: UInt16?
     /// How SYNC_ACKs go out (chosen while subscribing; nil before).
@@ -87,7 +86,18 @@ public final class BlueZSyncTransport: SyncTransport {
         let control = self.control
         let preferred = self.preferredNotify
         let log = self.log
-        pending = Task { try await BlueZSyncTransport.open(data: data, control: control, preferring: preferred, log: log) }
+        let events = self.events
+        pending = Task {
+            try await BlueZSyncTransport.open(data: data, control: control, preferring: preferred, log: log) {
+                // On the notification reader's thread, straight into the session's queue (no task in between).
+                // Anything read before the session's subscribe() returns waits in that queue, as it waited in
+                // the subscription's own stream before.
+                switch $0 {
+                case .value(let chunk): events.yield(.bytes(chunk))
+                case .ended: events.yield(.linkEnded)
+                }
+            }
+        }
     }
 
     public func subscribe() async throws {
@@ -106,14 +116,6 @@ public final class BlueZSyncTransport: SyncTransport {
         notifications = subscription.notifications
         notifyMethod = subscription.notifications.method
         mtu = subscription.notifications.mtu
-        let values = subscription.notifications.values
-        let events = self.events
-        forwarding = Task {
-            for await chunk in values {
-                events.yield(.bytes(chunk))
-            }
-            events.yield(.linkEnded)
-        }
     }
 
     public func writeControl(_ bytes: [UInt8]) async throws {
@@ -137,10 +139,11 @@ public final class BlueZSyncTransport: SyncTransport {
     /// The ACK path is read off CONTROL's flags alongside the subscription (two D-Bus calls in flight at once).
     private static func open(
         data: BlueZGattCharacteristic, control: BlueZGattCharacteristic, preferring method: GattNotifyMethod,
-        log: any LogSink
+        log: any LogSink, deliver: @escaping GattNotificationSink
     ) async throws -> Subscription {
         async let flags = control.flags()
-        let notifications = try await data.subscribe(preferring: method) { log.log(.info, $0) }
+        let notifications = try await data.subscribe(
+            preferring: method, log: { log.log(.info, $0) }, deliver: deliver)
         let ackWrite: AckWritePath = await flags.contains("write-without-response") ? .writeCommand : .writeRequest
         return Subscription(notifications: notifications, ackWrite: ackWrite)
     }

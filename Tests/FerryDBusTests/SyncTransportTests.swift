@@ -11,6 +11,13 @@ import Testing
 /// reads STREAM_INFO).
 @Suite(.serialized) struct SyncTransportTests {
     private func transport(_ bus: TestBus, controlFlags: [String]) async throws -> (FakeBlueZ, BlueZSyncTransport) {
+        let (fake, transport, _) = try await transportWithEvents(bus, controlFlags: controlFlags)
+        return (fake, transport)
+    }
+
+    private func transportWithEvents(
+        _ bus: TestBus, controlFlags: [String]
+    ) async throws -> (FakeBlueZ, BlueZSyncTransport, AsyncStream<LinkEvent>) {
         var tree = FakeBlueZ.adapterOnly()
         tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true, resolved: true)
         tree.merge(FakeBlueZ.gattObjects()) { _, new in new }
@@ -20,10 +27,34 @@ import Testing
         let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
         let service = try await device.waitUntilServicesResolved(
             serviceUUID: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID])
-        let (_, continuation) = AsyncStream<LinkEvent>.makeStream()
+        let (events, continuation) = AsyncStream<LinkEvent>.makeStream()
         let transport = try await BlueZSyncTransport(
             device: device, service: service, events: continuation, log: NullLogSink())
-        return (fake, transport)
+        return (fake, transport, events)
+    }
+
+    @Test func notificationsReachTheSessionQueueInOrderThenTheLinkEnd() async throws {
+        let bus = try TestBus()
+        let (fake, transport, events) = try await transportWithEvents(bus, controlFlags: ["write", "write-without-response"])
+        defer { fake.stop() }
+        try await transport.subscribe()
+        #expect(transport.notifyMethod == .acquireNotify)
+        let sent = (0..<30).map { i in [UInt8](repeating: UInt8(i), count: 10 + i) }
+        for chunk in sent { #expect(fake.notifyThroughSocket(chunk)) }
+        fake.dropNotifySocket()
+        var received: [[UInt8]] = []
+        var ended = false
+        for await event in events {
+            switch event {
+            case .bytes(let chunk): received.append(chunk)
+            case .linkEnded: ended = true
+            default: break
+            }
+            if ended { break }
+        }
+        #expect(received == sent)
+        #expect(ended, "end of file on the socket is the link's end")
+        await transport.disconnect()
     }
 
     private func waitFor(_ what: String, _ condition: () -> Bool) async throws {
