@@ -15,6 +15,19 @@ public enum GattNotifyMethod: String, Sendable {
     case startNotify
 }
 
+/// One notification event, handed to a `GattNotificationSink`.
+public enum GattNotification: Sendable {
+    /// The bytes of one notification.
+    case value([UInt8])
+    /// No more notifications: the link dropped, BlueZ closed the socket, or the subscription was stopped.
+    case ended
+}
+
+/// Receives notifications where they are read (the AcquireNotify reader thread, or the StartNotify signal
+/// task), in order, `.ended` last: for a consumer with its own queue, one hop less per notification than
+/// reading `BlueZNotifications.values` in a task of its own and passing each value on.
+public typealias GattNotificationSink = @Sendable (GattNotification) -> Void
+
 /// One org.bluez.GattCharacteristic1 object.
 public struct BlueZGattCharacteristic: Sendable {
     public let path: String
@@ -49,6 +62,18 @@ public struct BlueZGattCharacteristic: Sendable {
     public func writeValue(_ bytes: [UInt8], type: GattWriteType, timeout: Duration = .seconds(10)) async throws {
         _ = try await call(
             "WriteValue", [.bytes(bytes), .properties(["type": .string(type.rawValue)])], timeout: timeout)
+    }
+
+    /// WriteValue with the NO_REPLY_EXPECTED flag: queued on the bus and forgotten. bluetoothd answers nothing
+    /// (gdbus drops the reply of a no-reply call), so there is no reply to route, parse or wait for. Only for
+    /// writes whose loss the caller covers otherwise; messages on one connection keep their order, so a later
+    /// call still reaches bluetoothd after it. Throws only when the connection is closed.
+    public func writeValueWithoutReply(_ bytes: [UInt8], type: GattWriteType) throws {
+        try mappingErrorsSync {
+            try connection.callNoReply(
+                destination: service, path: path, interface: BlueZInterface.gattCharacteristic, member: "WriteValue",
+                arguments: [.bytes(bytes), .properties(["type": .string(type.rawValue)])])
+        }
     }
 
     /// AcquireNotify → (socket fd, MTU). Bound the call: bluetoothd 5.66 never answers it on a link
@@ -94,14 +119,15 @@ public struct BlueZGattCharacteristic: Sendable {
 
     /// Subscribes to notifications, preferring `method` and falling back to the other path:
     /// AcquireNotify → StartNotify when AcquireNotify is refused, unsupported, or does not answer.
+    /// With `deliver`, notifications go to it (see `GattNotificationSink`) and the result's `values` is empty.
     public func subscribe(
         preferring method: GattNotifyMethod = .acquireNotify, acquireTimeout: Duration = .seconds(5),
-        log: DBusLogSink? = nil
+        log: DBusLogSink? = nil, deliver: GattNotificationSink? = nil
     ) async throws -> BlueZNotifications {
         if method == .acquireNotify {
             do {
                 let (fd, mtu) = try await acquireNotify(timeout: acquireTimeout)
-                let reader = try NotificationSocketReader(fd: fd, mtu: Int(mtu))
+                let reader = try NotificationSocketReader(fd: fd, mtu: Int(mtu), deliver: deliver)
                 return BlueZNotifications(method: .acquireNotify, mtu: mtu, values: reader.values) {
                     reader.stop()
                 }
@@ -137,14 +163,25 @@ public struct BlueZGattCharacteristic: Sendable {
         let forward = Task {
             for await signal in signals {
                 switch Self.classify(signal, characteristicPath: characteristicPath, devicePath: devicePath) {
-                case .value(let bytes): continuation.yield(bytes)
-                case .linkEnded: continuation.finish()
+                case .value(let bytes):
+                    if let deliver { deliver(.value(bytes)) } else { continuation.yield(bytes) }
+                case .linkEnded:
+                    if let deliver {
+                        deliver(.ended)
+                        return
+                    }
+                    continuation.finish()
                 case .ignore: continue
                 }
             }
+            deliver?(.ended)
             continuation.finish()
         }
-        continuation.onTermination = { _ in forward.cancel() }
+        if deliver == nil {
+            continuation.onTermination = { _ in forward.cancel() }
+        } else {
+            continuation.finish()  // `values` stays empty: the sink has them
+        }
         return BlueZNotifications(method: .startNotify, mtu: mtu, values: values) {
             try? await characteristic.stopNotify()
             forward.cancel()

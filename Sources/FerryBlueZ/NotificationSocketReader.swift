@@ -14,12 +14,26 @@ final class NotificationSocketReader: Sendable {
     private let stopSignal: StopPipe
     private let stopped = LockedValue(false)
 
-    init(fd: DBusUnixFD, mtu: Int) throws {
+    /// With `deliver`, each notification (and the end) is handed to it on the reader thread and `values` is
+    /// empty; otherwise `values` carries them.
+    init(fd: DBusUnixFD, mtu: Int, deliver: GattNotificationSink? = nil) throws {
         let stopSignal = try StopPipe()
         self.stopSignal = stopSignal
         let stopReadFD = stopSignal.readFD
         let (stream, continuation) = AsyncStream<[UInt8]>.makeStream(bufferingPolicy: .unbounded)
         values = stream
+        let emit: GattNotificationSink
+        if let deliver {
+            continuation.finish()
+            emit = deliver
+        } else {
+            emit = { notification in
+                switch notification {
+                case .value(let bytes): continuation.yield(bytes)
+                case .ended: continuation.finish()
+                }
+            }
+        }
         // A notification carries at most MTU-3 bytes; read with room to spare so none is truncated.
         let capacity = max(mtu, 23) + 64
         let thread = Thread {
@@ -40,7 +54,7 @@ final class NotificationSocketReader: Sendable {
                 if fds[0].revents != 0 {
                     let count = buffer.withUnsafeMutableBytes { read(fd.rawValue, $0.baseAddress, $0.count) }
                     switch count {
-                    case let n where n > 0: continuation.yield(Array(buffer[0..<n]))
+                    case let n where n > 0: emit(.value(Array(buffer[0..<n])))
                     case 0: break loop  // link lost / BlueZ closed it
                     default:
                         if errno == EINTR || errno == EAGAIN { continue }
@@ -49,7 +63,7 @@ final class NotificationSocketReader: Sendable {
                 }
             }
             fd.close()
-            continuation.finish()
+            emit(.ended)
             withExtendedLifetime(stopSignal) {}
         }
         thread.name = "ferry-notify"

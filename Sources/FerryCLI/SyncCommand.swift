@@ -33,10 +33,12 @@ enum SyncCommand {
                              and one whose Sync service needs encryption fails with a line saying to pair it
           --json             print one JSON object: {"address","result","frames_stored","duplicates","gaps",
                              "regressions","corrupt","crc_mismatches","stalls","epoch","cursor","notify_path","mtu",
-                             "duration_seconds","discovery_needed","phases"}; "phases" holds, in seconds since the
+                             "duration_seconds","discovery_needed","phases","phases_cpu"}; "phases" holds, in seconds since the
                              command started (null: not reached), when each step ended: "discovery" (0-ish when
                              BlueZ already knew the device), "connect", "services_resolved", "stream_info",
-                             "subscribed", "first_data", "last_data", "caught_up", "final_ack", "disconnected"
+                             "subscribed", "first_data", "last_data", "caught_up", "final_ack", "disconnected";
+                             "phases_cpu" the process's CPU seconds (user+system) at "start" (when the sync
+                             began, after start-up) and at the same steps (no "last_data")
           --verbose          log connection steps on stderr
 
         Exit status: 0 caught up; 1 failed (adapter missing, device not found, not a Sync peripheral, not bonded,
@@ -103,6 +105,7 @@ enum SyncCommand {
                     ("duration_seconds", .double((outcome.seconds * 1000).rounded() / 1000)),
                     ("discovery_needed", .bool(outcome.discoveryNeeded)),
                     ("phases", .object(outcome.phases.map { ($0.0, $0.1.map { .double(($0 * 1000).rounded() / 1000) } ?? .null) })),
+                    ("phases_cpu", .object(outcome.phasesCPU.map { ($0.0, $0.1.map { .double(($0 * 1000).rounded() / 1000) } ?? .null) })),
                 ]).text)
         } else {
             output.out(
@@ -130,6 +133,8 @@ enum SyncCommand {
         var discoveryNeeded = false
         /// (JSON key, seconds since the command started) for each step, in order.
         var phases: [(String, Double?)] = []
+        /// (JSON key, the process's CPU seconds then): "start" when the sync began, then the phases' keys.
+        var phasesCPU: [(String, Double?)] = []
     }
 
     static func sync(
@@ -142,7 +147,11 @@ enum SyncCommand {
         let phaseClock = SystemMonotonicClock()
         let origin = phaseClock.now()
         var setup: [(String, Double?)] = []
-        func mark(_ name: String) { setup.append((name, phaseClock.now() - origin)) }
+        var setupCPU: [(String, Double?)] = [("start", ProcessCPU.seconds())]
+        func mark(_ name: String) {
+            setup.append((name, phaseClock.now() - origin))
+            setupCPU.append((name, ProcessCPU.seconds()))
+        }
         let deadline = started + .milliseconds(Int64(timeout * 1000))
         func remaining() -> Duration { max(.milliseconds(100), deadline - ContinuousClock.now) }
         func seconds() -> Double {
@@ -279,9 +288,14 @@ enum SyncCommand {
             ("last_data", p.lastData), ("caught_up", p.caughtUp), ("final_ack", p.finalAck),
             ("disconnected", p.disconnected),
         ].map { ($0.0, $0.1.map { $0 - origin }) }
+        let c = runner.phasesCPU
+        let sessionCPU: [(String, Double?)] = [
+            ("stream_info", c.streamInfo), ("subscribed", c.subscribed), ("first_data", c.firstData),
+            ("caught_up", c.caughtUp), ("final_ack", c.finalAck), ("disconnected", c.disconnected),
+        ]
         return Outcome(
             summary: runner.summary, decoder: runner.machine.decoder.statistics, result: result,
             notifyPath: transport.notifyMethod?.rawValue ?? "none", mtu: transport.mtu, seconds: seconds(),
-            discoveryNeeded: discoveryNeeded, phases: setup + session)
+            discoveryNeeded: discoveryNeeded, phases: setup + session, phasesCPU: setupCPU + sessionCPU)
     }
 }

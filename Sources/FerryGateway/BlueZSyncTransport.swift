@@ -15,7 +15,6 @@ public final class BlueZSyncTransport: SyncTransport {
     private let preferredNotify: GattNotifyMethod
     private let log: any LogSink
     private var notifications: BlueZNotifications?
-    private var forwarding: Task<Void, Never>?
     public private(set) var notifyMethod: GattNotifyMethod?
     public private(set) var mtu: UInt16?
     /// How SYNC_ACKs go out (chosen while subscribing; nil before).
@@ -27,7 +26,7 @@ public final class BlueZSyncTransport: SyncTransport {
     /// while a client holds CONTROL's write socket, bluetoothd 5.66 refuses every WriteValue on it ("Write
     /// acquired", seen in the test bed), and SYNC_REQ must keep its response.
     public enum AckWritePath: String, Sendable {
-        /// WriteValue type "command": write-without-response, a D-Bus call that returns once queued.
+        /// WriteValue type "command": write-without-response, sent as a D-Bus call without reply.
         case writeCommand
         /// WriteValue type "request": CONTROL lacks write-without-response.
         case writeRequest
@@ -87,7 +86,18 @@ public final class BlueZSyncTransport: SyncTransport {
         let control = self.control
         let preferred = self.preferredNotify
         let log = self.log
-        pending = Task { try await BlueZSyncTransport.open(data: data, control: control, preferring: preferred, log: log) }
+        let events = self.events
+        pending = Task {
+            try await BlueZSyncTransport.open(data: data, control: control, preferring: preferred, log: log) {
+                // On the notification reader's thread, straight into the session's queue (no task in between).
+                // Anything read before the session's subscribe() returns waits in that queue, as it waited in
+                // the subscription's own stream before.
+                switch $0 {
+                case .value(let chunk): events.yield(.bytes(chunk))
+                case .ended: events.yield(.linkEnded)
+                }
+            }
+        }
     }
 
     public func subscribe() async throws {
@@ -106,14 +116,6 @@ public final class BlueZSyncTransport: SyncTransport {
         notifications = subscription.notifications
         notifyMethod = subscription.notifications.method
         mtu = subscription.notifications.mtu
-        let values = subscription.notifications.values
-        let events = self.events
-        forwarding = Task {
-            for await chunk in values {
-                events.yield(.bytes(chunk))
-            }
-            events.yield(.linkEnded)
-        }
     }
 
     public func writeControl(_ bytes: [UInt8]) async throws {
@@ -122,16 +124,26 @@ public final class BlueZSyncTransport: SyncTransport {
     }
 
     public func writeAck(_ bytes: [UInt8]) async throws {
-        try await control.writeValue(bytes, type: ackWrite == .writeCommand ? .command : .request)
+        switch ackWrite {
+        case .writeCommand:
+            // Write-without-response gives no delivery proof anyway, so its D-Bus reply (bluetoothd: "queued")
+            // is not waited for either: the call goes out with NO_REPLY_EXPECTED. Per ACK that saves a reply
+            // message through dbus-daemon, its parse, and a wake-up of the session task; the session goes on
+            // with the next notification at once. Still in order before any later SYNC_REQ (one connection).
+            try control.writeValueWithoutReply(bytes, type: .command)
+        case .writeRequest, nil:
+            try await control.writeValue(bytes, type: .request)
+        }
     }
 
     /// The ACK path is read off CONTROL's flags alongside the subscription (two D-Bus calls in flight at once).
     private static func open(
         data: BlueZGattCharacteristic, control: BlueZGattCharacteristic, preferring method: GattNotifyMethod,
-        log: any LogSink
+        log: any LogSink, deliver: @escaping GattNotificationSink
     ) async throws -> Subscription {
         async let flags = control.flags()
-        let notifications = try await data.subscribe(preferring: method) { log.log(.info, $0) }
+        let notifications = try await data.subscribe(
+            preferring: method, log: { log.log(.info, $0) }, deliver: deliver)
         let ackWrite: AckWritePath = await flags.contains("write-without-response") ? .writeCommand : .writeRequest
         return Subscription(notifications: notifications, ackWrite: ackWrite)
     }

@@ -315,7 +315,7 @@ public final class GatewayStore {
         _ payload: OutboxPayload, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int,
         payloadBytes: Int = 0, now: Int64
     ) throws -> String {
-        let id = UUID().uuidString.lowercased()
+        let id = RandomID.uuidV4()
         try database.cached(
             """
             INSERT INTO outbox_events (id, event_type, payload, status, retry_count, next_retry_at, created_at,

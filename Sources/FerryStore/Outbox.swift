@@ -108,7 +108,7 @@ extension GatewayStore {
                             + "WHERE batch_id = ? AND status = 'PENDING' ORDER BY created_at, rowid"
                     ).forEach([.text(existing)]) { events.append(try GatewayStore.event($0)) }
                 } else {
-                    batchID = UUID().uuidString.lowercased()
+                    batchID = RandomID.uuidV4()
                     isRetry = false
                     var frames = 0
                     var bytes = 0

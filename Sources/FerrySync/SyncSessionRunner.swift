@@ -122,6 +122,9 @@ public final class SyncSessionRunner {
     public private(set) var lastCommittedCursor: UInt64 = 0
     public private(set) var acksSent: [UInt64] = []
     public private(set) var phases = SessionPhases()
+    /// The process's CPU seconds (`ProcessCPU`) at the same marks (`lastData` stays nil: it moves with every
+    /// notification, and a getrusage per notification is not worth it).
+    public private(set) var phasesCPU = SessionPhases()
     /// Set by an action that ends the session early: the actions queued behind it are dropped.
     private var dropQueuedActions = false
 
@@ -155,6 +158,13 @@ public final class SyncSessionRunner {
 
     public var nextDeadline: Double? { machine.nextDeadline }
 
+    /// Records the first time `phase` is reached (or every time, `again`), with the process's CPU then.
+    private func reached(_ phase: WritableKeyPath<SessionPhases, Double?>, again: Bool = false) {
+        guard again || phases[keyPath: phase] == nil else { return }
+        phases[keyPath: phase] = clock.now()
+        phasesCPU[keyPath: phase] = ProcessCPU.seconds()
+    }
+
     /// When `start()` ran (the reference of the phases' debug line).
     public private(set) var startedAt: Double?
 
@@ -168,7 +178,7 @@ public final class SyncSessionRunner {
         metrics?.received(bytes: bytes.count)
         let now = clock.now()
         if !bytes.isEmpty {
-            if phases.firstData == nil { phases.firstData = now }
+            reached(\.firstData)
             phases.lastData = now
         }
         await execute(machine.bytesReceived(bytes, now: now))
@@ -180,7 +190,7 @@ public final class SyncSessionRunner {
 
     /// The link dropped (the transport saw EOF or a Disconnected signal).
     public func linkLost() async {
-        if phases.disconnected == nil { phases.disconnected = clock.now() }
+        reached(\.disconnected)
         await execute(machine.disconnected(now: clock.now()))
         if summary.end == nil {
             // Recorded like any other end: `ferry peripherals` must not keep showing the previous session's.
@@ -214,7 +224,7 @@ public final class SyncSessionRunner {
         case .readStreamInfo:
             do {
                 let bytes = try await transport.readStreamInfo()
-                if phases.streamInfo == nil { phases.streamInfo = clock.now() }
+                reached(\.streamInfo)
                 return machine.streamInfoRead(bytes, now: clock.now())
             } catch {
                 return machine.streamInfoFailed("\(error)", now: clock.now())
@@ -247,7 +257,7 @@ public final class SyncSessionRunner {
         case .subscribe:
             do {
                 try await transport.subscribe()
-                if phases.subscribed == nil { phases.subscribed = clock.now() }
+                reached(\.subscribed)
                 return []
             } catch {
                 // Without DATA the session cannot run (e.g. BlueZ still holds a dead process's AcquireNotify:
@@ -259,7 +269,7 @@ public final class SyncSessionRunner {
                 dropQueuedActions = true
                 let flush = machine.disconnected(now: clock.now())
                 await transport.disconnect()
-                if phases.disconnected == nil { phases.disconnected = clock.now() }
+                reached(\.disconnected)
                 finished = true
                 return flush
             }
@@ -279,7 +289,7 @@ public final class SyncSessionRunner {
             do {
                 try await transport.writeAck(Frame.syncAck(committed: seq).encoded())
                 acksSent.append(seq)
-                phases.finalAck = clock.now()
+                reached(\.finalAck, again: true)
             } catch {
                 log.log(.warning, "SYNC_ACK write failed: \(error)")
             }
@@ -318,7 +328,7 @@ public final class SyncSessionRunner {
                 return machine.commitFailed(now: clock.now())
             }
         case .caughtUp(let cursor):
-            if phases.caughtUp == nil { phases.caughtUp = clock.now() }
+            reached(\.caughtUp)
             log.log(.debug, "caught up at \(cursor)")
             return []
         case .disconnect(let reason):
@@ -339,7 +349,7 @@ public final class SyncSessionRunner {
             }
             recordSessionEnd()
             await transport.disconnect()
-            if phases.disconnected == nil { phases.disconnected = clock.now() }
+            reached(\.disconnected)
             finished = true
             logPhases()
             return []
@@ -350,15 +360,18 @@ public final class SyncSessionRunner {
     /// time goes (setup, data, teardown).
     private func logPhases() {
         let p = phases
+        let c = phasesCPU
         func at(_ t: Double?) -> String {
             guard let t, let origin = startedAt else { return "-" }
             return String(Int(((t - origin) * 1000).rounded())) + "ms"
         }
+        func cpu(_ t: Double?) -> String { t.map { String(Int(($0 * 1000).rounded())) + "ms" } ?? "-" }
         log.log(
             .debug,
             "session phases: stream_info \(at(p.streamInfo)) subscribed \(at(p.subscribed)) first_data "
                 + "\(at(p.firstData)) last_data \(at(p.lastData)) caught_up \(at(p.caughtUp)) final_ack "
-                + "\(at(p.finalAck)) disconnected \(at(p.disconnected))")
+                + "\(at(p.finalAck)) disconnected \(at(p.disconnected)); process CPU at first_data \(cpu(c.firstData)) "
+                + "caught_up \(cpu(c.caughtUp)) disconnected \(cpu(c.disconnected))")
     }
 
     /// Extra attempts of a commit that found the store locked by another writer. Each attempt waits out

@@ -127,7 +127,11 @@ public final class UplinkHTTPPoster: Sendable {
             guard let path else { continue }
             guard FileManager.default.isReadableFile(atPath: path) else { throw .unreadableFile(option: option, path: path) }
         }
-        guard CurlHandle.globalInit == CURLE_OK else { throw .libcurl("curl_global_init failed") }
+        guard CurlHandle.globalInit == CURLE_OK else {
+            throw .libcurl(
+                ferry_curl_available() != 0
+                    ? "curl_global_init failed" : "libcurl (libcurl.so.4) could not be loaded: install libcurl4")
+        }
         self.configuration = configuration
         self.wallClock = wallClock
         url = configuration.endpoint.absoluteString
@@ -222,7 +226,7 @@ public final class UplinkHTTPPoster: Sendable {
 /// Maps libcurl's result codes to outcomes.
 enum UplinkTransportErrors {
     static func classify(code: CURLcode, message: String) -> UplinkOutcome {
-        let detail = message.isEmpty ? String(cString: curl_easy_strerror(code)) : message
+        let detail = message.isEmpty ? String(cString: ferry_curl_easy_strerror(code)) : message
         switch code {
         case CURLE_OPERATION_TIMEDOUT:
             return .retry(.timeout, retryAfterSeconds: nil)
@@ -263,22 +267,22 @@ final class CurlHandle: @unchecked Sendable {
     private let handle: UnsafeMutableRawPointer
 
     init?() {
-        guard Self.globalInit == CURLE_OK, let handle = curl_easy_init() else { return nil }
+        guard Self.globalInit == CURLE_OK, let handle = ferry_curl_easy_init() else { return nil }
         self.handle = handle
     }
 
     deinit {
-        curl_easy_cleanup(handle)
+        ferry_curl_easy_cleanup(handle)
     }
 
     func perform(_ request: CurlRequest) -> CurlResponse {
         // Options from a previous request must not leak into this one; the connection cache survives a reset.
-        curl_easy_reset(handle)
+        ferry_curl_easy_reset(handle)
         let sink = ResponseSink(cap: max(0, request.configuration.maximumResponseBytes))
         var errorBuffer = [CChar](repeating: 0, count: Int(CURL_ERROR_SIZE) + 1)
         var headerList: UnsafeMutablePointer<curl_slist>?
-        for line in request.headers { headerList = curl_slist_append(headerList, line) }
-        defer { curl_slist_free_all(headerList) }
+        for line in request.headers { headerList = ferry_curl_slist_append(headerList, line) }
+        defer { ferry_curl_slist_free_all(headerList) }
         let code = withExtendedLifetime(sink) { () -> CURLcode in
             errorBuffer.withUnsafeMutableBufferPointer { errorPointer -> CURLcode in
                 let context = Unmanaged.passUnretained(sink).toOpaque()
@@ -308,7 +312,7 @@ final class CurlHandle: @unchecked Sendable {
                 }
                 if let key = configuration.clientKeyFile { set(ferry_curl_setopt_pointer(handle, CURLOPT_SSLKEY, key)) }
                 guard setup == CURLE_OK else { return setup }
-                return curl_easy_perform(handle)
+                return ferry_curl_easy_perform(handle)
             }
         }
         let message = errorBuffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }

@@ -536,6 +536,45 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    @Test func aSinkGetsEachNotificationWhereItIsReadThenTheEnd() async throws {
+        for method in [GattNotifyMethod.acquireNotify, .startNotify] {
+            let bus = try TestBus()
+            let (fake, _, service) = try await connectedGattFake(bus)
+            let data = try await service.requireCharacteristic(uuid: FakeBlueZ.dataUUID)
+            let (delivered, sink) = AsyncStream<GattNotification>.makeStream()
+            let notifications = try await data.subscribe(preferring: method, deliver: { sink.yield($0) })
+            #expect(notifications.method == method)
+            let sent = (0..<20).map { i in [UInt8](repeating: UInt8(i), count: 1 + i) }
+            for payload in sent {
+                if method == .acquireNotify {
+                    #expect(fake.notifyThroughSocket(payload))
+                } else {
+                    try fake.setProperty(FakeBlueZ.dataPath, BlueZInterface.gattCharacteristic, "Value", .bytes(payload))
+                }
+            }
+            if method == .acquireNotify {
+                fake.dropNotifySocket()
+            } else {
+                try fake.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "Connected", .bool(false))
+            }
+            var received: [[UInt8]] = []
+            var ended = false
+            for await notification in delivered {
+                switch notification {
+                case .value(let bytes): received.append(bytes)
+                case .ended: ended = true
+                }
+                if ended { break }
+            }
+            #expect(received == sent, "\(method)")
+            #expect(ended)
+            var fromValues = 0
+            for await _ in notifications.values { fromValues += 1 }  // empty and finished: the sink had them
+            #expect(fromValues == 0)
+            fake.stop()
+        }
+    }
+
     @Test func fallsBackToStartNotifyWhenAcquireNotifyIsRefused() async throws {
         let bus = try TestBus()
         let (fake, _, service) = try await connectedGattFake(bus)

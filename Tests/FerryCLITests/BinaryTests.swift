@@ -50,6 +50,24 @@ import Testing
             stderr: err)
     }
 
+    /// libcurl is loaded at the uplink's first request, not at every start: linked, it brought ~30 libraries the
+    /// dynamic loader relocated before any command ran (half of ferry's start-up instructions).
+    @Test func startingLoadsNoCurlOrItsTLSStack() throws {
+        let process = Process()
+        process.executableURL = try Self.executable()
+        process.arguments = ["--version"]
+        // The dynamic loader lists every library it would load, then exits (what ldd does).
+        process.environment = ["LD_TRACE_LOADED_OBJECTS": "1"]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let listed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(listed.contains("libsqlite3"), "the listing is the loader's: \(listed)")
+        #expect(!listed.contains("libcurl"), "\(listed)")
+        #expect(!listed.contains("libssl") && !listed.contains("libgnutls"), "\(listed)")
+    }
+
     @Test func ingestReadsStandardInputAndPrintsJSONToStandardOutput() throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")

@@ -19,6 +19,8 @@ public final class FakeBlueZ: Sendable {
         public var connectScript: [DBusError?] = []  // popped per Connect; nil = success
         public var discoveryFilter: [String: DBusValue] = [:]
         public var writes: [(bytes: [UInt8], type: String)] = []
+        /// Per write in `writes`: the caller asked for no reply (NO_REPLY_EXPECTED).
+        public var writesWithoutReply: [Bool] = []
         public var acquireNotifyError: DBusError?
         public var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
         public var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
@@ -332,7 +334,10 @@ public final class FakeBlueZ: Sendable {
         case (BlueZInterface.gattCharacteristic, "WriteValue"):
             let bytes = call.arguments.first?.bytes ?? []
             let type = call.arguments.count > 1 ? (call.arguments[1].dictionary?["type"]?.string ?? "") : ""
-            state.withLock { $0.writes.append((bytes, type)) }
+            state.withLock {
+                $0.writes.append((bytes, type))
+                $0.writesWithoutReply.append(call.noReplyExpected)
+            }
             return .reply([])
         case (BlueZInterface.gattCharacteristic, "AcquireNotify"):
             if let error = state.withLock({ $0.acquireNotifyError }) { return .error(error) }

@@ -13,6 +13,13 @@ import FerryFakeBlueZ
 /// reads STREAM_INFO).
 @Suite(.serialized) struct SyncTransportTests {
     private func transport(_ bus: TestBus, controlFlags: [String]) async throws -> (FakeBlueZ, BlueZSyncTransport) {
+        let (fake, transport, _) = try await transportWithEvents(bus, controlFlags: controlFlags)
+        return (fake, transport)
+    }
+
+    private func transportWithEvents(
+        _ bus: TestBus, controlFlags: [String]
+    ) async throws -> (FakeBlueZ, BlueZSyncTransport, AsyncStream<LinkEvent>) {
         var tree = FakeBlueZ.adapterOnly()
         tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true, resolved: true)
         tree.merge(FakeBlueZ.gattObjects()) { _, new in new }
@@ -22,10 +29,34 @@ import FerryFakeBlueZ
         let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
         let service = try await device.waitUntilServicesResolved(
             serviceUUID: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID])
-        let (_, continuation) = AsyncStream<LinkEvent>.makeStream()
+        let (events, continuation) = AsyncStream<LinkEvent>.makeStream()
         let transport = try await BlueZSyncTransport(
             device: device, service: service, events: continuation, log: NullLogSink())
-        return (fake, transport)
+        return (fake, transport, events)
+    }
+
+    @Test func notificationsReachTheSessionQueueInOrderThenTheLinkEnd() async throws {
+        let bus = try TestBus()
+        let (fake, transport, events) = try await transportWithEvents(bus, controlFlags: ["write", "write-without-response"])
+        defer { fake.stop() }
+        try await transport.subscribe()
+        #expect(transport.notifyMethod == .acquireNotify)
+        let sent = (0..<30).map { i in [UInt8](repeating: UInt8(i), count: 10 + i) }
+        for chunk in sent { #expect(fake.notifyThroughSocket(chunk)) }
+        fake.dropNotifySocket()
+        var received: [[UInt8]] = []
+        var ended = false
+        for await event in events {
+            switch event {
+            case .bytes(let chunk): received.append(chunk)
+            case .linkEnded: ended = true
+            default: break
+            }
+            if ended { break }
+        }
+        #expect(received == sent)
+        #expect(ended, "end of file on the socket is the link's end")
+        await transport.disconnect()
     }
 
     private func waitFor(_ what: String, _ condition: () -> Bool) async throws {
@@ -52,9 +83,19 @@ import FerryFakeBlueZ
         let ack = Frame.syncAck(committed: 20).encoded()
         try await transport.writeControl(request)
         try await transport.writeAck(ack)
+        // The ACK goes out without a D-Bus reply: writeAck returned before bluetoothd saw it.
+        try await waitFor("the ACK's WriteValue") { fake.state.withLock { $0.writes.count } == 2 }
         let writes = fake.state.withLock { $0.writes }
         #expect(writes.map(\.type) == ["request", "command"])
         #expect(writes.map(\.bytes) == [request, ack])
+        #expect(fake.state.withLock { $0.writesWithoutReply } == [false, true])
+        // A SYNC_REQ right behind a reply-less ACK still gets its reply (the fake answers each call in a task of
+        // its own, so the arrival order it records is not the wire's: not checked here).
+        let ack2 = Frame.syncAck(committed: 40).encoded()
+        try await transport.writeAck(ack2)
+        try await transport.writeControl(request)
+        try await waitFor("the second ACK") { fake.state.withLock { $0.writes.count } == 4 }
+        #expect(fake.state.withLock { $0.writes.filter { $0.type == "command" }.map(\.bytes) }.sorted { $0.lexicographicallyPrecedes($1) } == [ack, ack2])
         // Nothing holds CONTROL's write socket: bluetoothd would refuse the SYNC_REQ's WriteValue then.
         #expect(!fake.calls.contains { $0.hasPrefix("GattCharacteristic1.AcquireWrite") })
         await transport.disconnect()
@@ -68,6 +109,7 @@ import FerryFakeBlueZ
         #expect(transport.ackWrite == .writeRequest)
         try await transport.writeAck(Frame.syncAck(committed: 20).encoded())
         #expect(fake.state.withLock { $0.writes.map(\.type) } == ["request"])
+        #expect(fake.state.withLock { $0.writesWithoutReply } == [false], "a write request keeps its reply")
         await transport.disconnect()
     }
 }

@@ -100,6 +100,12 @@ struct ConstantGenerator: RandomNumberGenerator {
         #expect(HTTPDate.secondsSince1970("Sun, 06 Nov 1994 08:49:37 GMT") == 784_111_777)
     }
 
+    @Test func libcurlLoadsAtFirstUse() {
+        #expect(ferry_curl_available() == 1, "libcurl.so.4 loads (dlopen) and has every function the poster calls")
+        #expect(ferry_curl_global_init() == CURLE_OK)
+        #expect(String(cString: ferry_curl_easy_strerror(CURLE_COULDNT_CONNECT)) == "Couldn't connect to server")
+    }
+
     @Test func transportErrorsClassify() {
         #expect(UplinkTransportErrors.classify(code: CURLE_OPERATION_TIMEDOUT, message: "") == .retry(.timeout, retryAfterSeconds: nil))
         guard case .retry(.connection(let detail), nil) = UplinkTransportErrors.classify(code: CURLE_COULDNT_CONNECT, message: "")
