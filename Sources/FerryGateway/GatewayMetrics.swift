@@ -369,8 +369,15 @@ public struct LiveViewFile: Sendable {
     public func write(_ view: LiveView) throws {
         let data = Data(view.json.text.utf8)
         let temporary = path + ".tmp"
-        try data.write(to: URL(fileURLWithPath: temporary))
+        do {
+            try data.write(to: URL(fileURLWithPath: temporary))
+        } catch {
+            // A half-written file on a full disk would hold blocks the store needs to recover.
+            unlink(temporary)
+            throw error
+        }
         guard rename(temporary, path) == 0 else {
+            unlink(temporary)
             throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path])
         }
     }

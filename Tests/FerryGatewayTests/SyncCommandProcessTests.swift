@@ -100,6 +100,7 @@ import Testing
         let keys: Set<String> = [
             "address", "result", "frames_stored", "duplicates", "gaps", "regressions", "corrupt", "crc_mismatches",
             "stalls", "epoch", "cursor", "notify_path", "mtu", "duration_seconds", "discovery_needed", "phases",
+            "phases_cpu",
         ]
         #expect(Set(run.json.keys) == keys)
         let phases = run.json["phases"] as? [String: Any] ?? [:]
@@ -109,6 +110,11 @@ import Testing
                 "caught_up", "final_ack", "disconnected",
             ], "\(phases)")
         #expect(phases.values.allSatisfy { $0 is Double }, "every phase happened: \(phases)")
+        let cpu = run.json["phases_cpu"] as? [String: Any] ?? [:]
+        #expect(
+            cpu["start"] is Double && cpu["connect"] is Double && cpu["disconnected"] is Double
+                && Set(cpu.keys).subtracting(["start"]).isSubset(of: Set(phases.keys)),
+            "CPU at the start and at the phase marks: \(cpu)")
         #expect(run.stderr.contains("connected to \(FakeBlueZ.deviceAddress)"), "\(run.stderr)")
         // The SYNC_ACKs went out as writes without response, the last one for the head.
         let acks = fake.state.withLock { $0.writes }.filter { $0.type == "command" }.map(\.bytes)
