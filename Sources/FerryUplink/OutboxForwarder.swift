@@ -72,6 +72,11 @@ public struct ForwardReport: Sendable, Equatable {
 /// beside a syncing session (SQLite WAL: readers never block the writer; each claim is one short write
 /// transaction).
 public actor OutboxForwarder {
+    /// The store's connection is confined to this thread, with every method of the actor: a claim or an
+    /// acknowledgement blocks in sqlite3 (an fsync per commit, up to 5 s in the busy handler, a prune), which
+    /// must not hold a thread of the cooperative pool (see `DatabaseThread`).
+    private let thread: DatabaseThread
+    public nonisolated var unownedExecutor: UnownedSerialExecutor { thread.asUnownedSerialExecutor() }
     private let store: GatewayStore
     private let poster: any BatchPosting
     private let configuration: ForwarderConfiguration
@@ -103,6 +108,8 @@ public actor OutboxForwarder {
         wallClock: any WallClock = SystemWallClock()
     ) throws {
         store = try GatewayStore(path: databasePath, clock: wallClock)
+        // Started only once the store opened: an init that throws runs no deinit to stop it.
+        thread = DatabaseThread(name: "ferry-uplink")
         self.poster = poster
         self.configuration = configuration
         self.tokenSource = tokenSource
@@ -110,6 +117,11 @@ public actor OutboxForwarder {
         self.wallClock = wallClock
         health = UplinkHealth(policy: configuration.policy)
     }
+
+    deinit { thread.stop() }
+
+    /// Whether the actor's methods run on its own thread (tests).
+    public func runsOnItsOwnThread() -> Bool { thread.isCurrent }
 
     /// The uplink-wide state (online, suspect, offline), for tests and status.
     public var healthState: UplinkHealth.State { health.state }
