@@ -927,7 +927,10 @@ def test_two_forwarders_on_one_store(work, rng):
     """A second `ferry forward` on a store a live forwarder drains refuses with one line (exit 1, naming the
     first one's pid) instead of releasing its IN_FLIGHT batches and posting the same keys beside it; once the
     first is SIGKILLed the second takes over at once and nothing is lost or posted twice at the same time."""
-    db = make_store(work, 1500, rng)
+    # Enough events that the first forwarder is still draining after the three refused starts, however fast or
+    # loaded the machine (1500 had all been delivered by then in CI once). A slower backend would not do: the
+    # killed forwarder's requests (up to 4 in flight) would then still be running when the successor resends.
+    db = make_store(work, 5000, rng)
     backend = Backend(work, "--slow-ms", "30").start()
     first = subprocess.Popen([FERRY, "forward", "--db", db, "--endpoint", backend.url, "--batch-events", "2",
                               "--timeout", REQUEST_TIMEOUT], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
