@@ -99,6 +99,13 @@ class SyncLink:
 
     def connect(self) -> None:
         t0 = time.monotonic()
+        if self.path not in self.bz.objects():
+            # bluetoothd drops a device it has not seen for 30 s once discovery stopped (TemporaryTimeout): under a
+            # slow VM the probe reaches the second peripheral later than that. Find it again first.
+            self.bz.adapter.StartDiscovery(timeout=CALL_TIMEOUT)
+            found = wait_for(lambda: self.path in self.bz.objects(), 30, 0.2)
+            self.bz.adapter.StopDiscovery(timeout=CALL_TIMEOUT)
+            require(bool(found), f"{self.address}: found again by discovery (bluetoothd had dropped it)")
         self.bz.iface(self.path, "org.bluez.Device1").Connect(timeout=CALL_TIMEOUT)
         resolved = wait_for(lambda: bool(self.bz.prop(self.path, "org.bluez.Device1", "ServicesResolved")), 20)
         require(bool(resolved), f"{self.address}: connected and services resolved")
