@@ -310,15 +310,31 @@ def main() -> int:
         t0 = time.monotonic()
         bz.adapter.StartDiscovery(timeout=CALL_TIMEOUT)
 
-        def all_seen():
+        def read_tree():
+            try:
+                return bz.objects()
+            except dbus.DBusException as e:
+                if e.get_dbus_name() != "org.freedesktop.DBus.Error.NoReply":
+                    raise
+            # bluetoothd answers calls from an idle main loop, which the bed's advertising flood can keep busy
+            # on a slow host: pause discovery (ending the flood) for the read, as Ferry's discovery does.
+            try:
+                bz.adapter.StopDiscovery(timeout=CALL_TIMEOUT)
+            except dbus.DBusException:
+                pass
             objs = bz.objects()
+            bz.adapter.StartDiscovery(timeout=CALL_TIMEOUT)
+            return objs
+
+        def all_seen():
+            objs = read_tree()
             for a in peripherals:
                 dev = objs.get(bz.device_path(a), {}).get("org.bluez.Device1")
                 if dev is None or sp.SYNC_SERVICE_UUID not in [str(u) for u in dev.get("UUIDs", [])]:
                     return False
             return True
 
-        seen = wait_for(all_seen, 30, 0.2)
+        seen = wait_for(all_seen, 60, 0.2)
         report["timings"]["discovery s"] = round(time.monotonic() - t0, 2)
         bz.adapter.StopDiscovery(timeout=CALL_TIMEOUT)
         require(bool(seen), f"discovery by service UUID found all of {peripherals} "
