@@ -396,11 +396,7 @@ public actor GatewayDaemon {
                     .warning,
                     "adapter recovery: \(why): resetting \(name) through the kernel (HCI reset: down, then up)")
                 await quiesceForKernelReset(name)
-                // Off the actor: the ioctl blocks while the kernel takes the controller down.
-                let failure = await Task.detached { () -> HCIDevice.Failure? in
-                    do throws(HCIDevice.Failure) { try HCIDevice.set(.down, adapterName: name) } catch { return error }
-                    return nil
-                }.value
+                let failure = await Self.kernelSwitch(.down, adapterName: name)
                 if let failure {
                     log.log(.warning, "adapter recovery: \(failure)")
                     controllerFailed = !failure.isPermission
@@ -439,6 +435,14 @@ public actor GatewayDaemon {
         }
     }
 
+    /// HCIDEVDOWN / HCIDEVUP off the actor: the ioctl blocks while the kernel switches the controller.
+    private static func kernelSwitch(_ operation: HCIDevice.Operation, adapterName: String) async -> HCIDevice.Failure? {
+        await Task.detached { () -> HCIDevice.Failure? in
+            do throws(HCIDevice.Failure) { try HCIDevice.set(operation, adapterName: adapterName) } catch { return error }
+            return nil
+        }.value
+    }
+
     /// Powers the controller on after the kernel took it down: through bluetoothd, or with the kernel's own
     /// HCIDEVUP when bluetoothd has no adapter object or refuses. True when it came up.
     private func powerOn(_ adapter: BlueZAdapter?, name: String) async -> Bool {
@@ -451,11 +455,7 @@ public actor GatewayDaemon {
                 log.log(.warning, "adapter recovery: powering \(name) on through bluetoothd failed: \(error)")
             }
         }
-        let failure = await Task.detached { () -> HCIDevice.Failure? in
-            do throws(HCIDevice.Failure) { try HCIDevice.set(.up, adapterName: name) } catch { return error }
-            return nil
-        }.value
-        if let failure {
+        if let failure = await Self.kernelSwitch(.up, adapterName: name) {
             log.log(.warning, "adapter recovery: \(failure)")
             return false
         }
