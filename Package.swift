@@ -28,7 +28,8 @@ let package = Package(
             name: "CBluetooth", path: "Sources/CBluetooth", pkgConfig: "bluez",
             providers: [.apt(["libbluetooth-dev"])]),
 
-        // The one way to do small shared things: JSON writer, civil time / RFC 3339, backoff, version. No C.
+        // The one way to do small shared things: JSON writer, civil time / RFC 3339, backoff, version, a locked value
+        // and a wake-up for waiting loops. No C.
         .target(name: "FerryCore"),
         // Pure protocol logic: frames, CRC, STREAM_INFO, the sync session state machine. No I/O, no C.
         .target(name: "FerryProtocol"),
@@ -37,7 +38,7 @@ let package = Package(
         // Outbox forwarder to the backend over HTTP(S).
         .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
         // libdbus bindings: connection, marshalling, signals.
-        .target(name: "FerryDBus", dependencies: ["CDBus"]),
+        .target(name: "FerryDBus", dependencies: ["FerryCore", "CDBus"]),
         // BlueZ client over D-Bus: adapter, device, GATT.
         .target(name: "FerryBlueZ", dependencies: ["FerryCore", "FerryDBus", "CBluetooth"]),
         // BLE-agnostic sync: the session runner over any SyncTransport, its typed end, the live session loop,
@@ -53,8 +54,8 @@ let package = Package(
 
         // Test tools shared by test targets (libraries, since a test target cannot depend on another): a private
         // dbus-daemon per test, and a fake org.bluez on it.
-        .target(name: "FerryTestBus", dependencies: ["FerryDBus"], path: "Tests/FerryTestBus"),
-        .target(name: "FerryFakeBlueZ", dependencies: ["FerryTestBus", "FerryDBus", "FerryBlueZ"], path: "Tests/FerryFakeBlueZ"),
+        .target(name: "FerryTestBus", dependencies: ["FerryCore", "FerryDBus"], path: "Tests/FerryTestBus"),
+        .target(name: "FerryFakeBlueZ", dependencies: ["FerryCore", "FerryTestBus", "FerryDBus", "FerryBlueZ"], path: "Tests/FerryFakeBlueZ"),
 
         // One test target per library module; FerryIntegrationTests for whole sessions across modules.
         .testTarget(name: "FerryCoreTests", dependencies: ["FerryCore"]),
@@ -64,11 +65,11 @@ let package = Package(
         .testTarget(name: "FerrySimulatorTests", dependencies: ["FerrySimulator", "FerryProtocol"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryTestBus"]),
-        .testTarget(name: "FerryBlueZTests", dependencies: ["FerryBlueZ", "FerryDBus", "FerryTestBus", "FerryFakeBlueZ"]),
+        .testTarget(name: "FerryBlueZTests", dependencies: ["FerryCore", "FerryBlueZ", "FerryDBus", "FerryTestBus", "FerryFakeBlueZ"]),
         .testTarget(
             name: "FerryGatewayTests",
             dependencies: [
-                "FerryGateway", "FerryBlueZ", "FerryDBus", "FerrySync", "FerryStore", "FerryProtocol", "FerrySimulator",
+                "FerryCore", "FerryGateway", "FerryBlueZ", "FerryDBus", "FerrySync", "FerryStore", "FerryProtocol", "FerrySimulator",
                 "FerryTestBus", "FerryFakeBlueZ",
             ]),
         .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),

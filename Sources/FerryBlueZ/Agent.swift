@@ -1,3 +1,4 @@
+import FerryCore
 import FerryDBus
 
 /// What the agent tells bluetoothd it can do for pairing (Agent1 IO capability).

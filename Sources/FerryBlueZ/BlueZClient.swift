@@ -1,3 +1,4 @@
+import FerryCore
 import FerryDBus
 
 /// Entry point: one bus connection, one object cache, one shared discovery per adapter.

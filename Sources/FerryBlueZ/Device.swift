@@ -1,3 +1,4 @@
+import FerryCore
 import FerryDBus
 
 /// A one-way latch usable from @Sendable closures.

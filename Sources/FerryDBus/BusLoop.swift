@@ -1,4 +1,5 @@
 import CDBus
+import FerryCore
 import Foundation
 
 #if canImport(Glibc)

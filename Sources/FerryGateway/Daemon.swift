@@ -1,4 +1,5 @@
 import FerryBlueZ
+import FerryCore
 import FerryDBus
 import FerryProtocol
 import FerryStore
@@ -49,6 +50,8 @@ public actor GatewayDaemon {
     private let storageSignals: StorageSignals
     /// Wakes the scheduling loop when something it acts on changed (see `schedulingLoop`).
     private let wakeup = Wakeup()
+    /// Wakes the outbox forwarder when a session committed frames (the forwarder sleeps otherwise).
+    private let outboxWakeup = Wakeup()
     private var effectiveDiskBudget: Int64?
     /// Why a candidate is not being synced (not bonded...), so each refusal is logged once, not every loop.
     private var refusals: [PeripheralAddress: BondRefusal] = [:]
@@ -649,7 +652,7 @@ public actor GatewayDaemon {
         let settings = SessionSettings(
             policy: policy, configuration: configuration.sessionConfiguration, databasePath: configuration.databasePath,
             connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: effectiveDiskBudget,
-            requireBond: configuration.requireBond, metrics: metrics)
+            requireBond: configuration.requireBond, counters: SessionCounters(metrics: metrics, outbox: outboxWakeup))
         let log = self.log
         let clock = self.clock
         let task = Task {
@@ -778,6 +781,7 @@ public actor GatewayDaemon {
         forwarding.policy.maxRetries = uplink.maxRetries
         forwarding.retentionSeconds = configuration.retentionHours * 3600
         forwarding.leaseSeconds = max(120, 4 * Double(uplink.timeoutSeconds))  // outlives any one request
+        forwarding.newEvents = outboxWakeup
         var http = UplinkHTTPConfiguration(
             endpoint: endpoint, requestTimeoutSeconds: uplink.timeoutSeconds,
             compression: .whenAdvertised(minimumBytes: 1024), maximumConnections: uplink.maxInFlight)
@@ -835,8 +839,22 @@ struct SessionSettings: Sendable {
     var connectTimeout: Double
     var diskBudgetBytes: Int64?
     var requireBond = true
-    /// Counts frames and bytes as the session goes (nil: metrics off).
+    /// Counts frames and bytes as the session goes, and wakes the forwarder per commit.
+    var counters: SessionCounters
+}
+
+/// What a daemon session reports as it goes: frames and bytes to the metrics (when on), and each commit to the
+/// outbox forwarder, which sleeps until there is something new to send.
+struct SessionCounters: SessionMetrics {
     var metrics: GatewayMetrics?
+    var outbox: Wakeup
+
+    func received(bytes: Int) { metrics?.received(bytes: bytes) }
+
+    func stored(frames: Int) {
+        metrics?.stored(frames: frames)
+        outbox.signal()  // a commit may carry a gap event without frames
+    }
 }
 
 struct SessionResult: Sendable {
@@ -884,7 +902,7 @@ struct SlotSession: Sendable {
         // dead peripheral does not hold a slot for minutes.
         worker.retry.configuration.maxTransientAttempts = 2
         worker.retry.configuration.maxResourceAttempts = 1
-        worker.metrics = settings.metrics
+        worker.metrics = settings.counters
         let sessionWorker = SessionWorker(settings: worker, client: client, adapter: adapter, sink: sink, clock: clock)
         let session: SessionWorker.Session
         do {

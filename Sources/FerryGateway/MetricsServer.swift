@@ -1,3 +1,4 @@
+import FerryCore
 import FerryDBus
 import FerryStore
 import Foundation

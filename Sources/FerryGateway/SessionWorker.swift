@@ -30,8 +30,8 @@ public struct SessionWorker: Sendable {
         public var deadline: ContinuousClock.Instant?
         /// Level of the connector's own lines (its retries): the daemon keeps them at debug, `ferry sync` shows them.
         public var connectorLogLevel: LogLevel = .debug
-        /// Counts frames and bytes as the session goes (nil: metrics off).
-        public var metrics: GatewayMetrics?
+        /// Counts frames and bytes as the session goes (nil: nobody counts).
+        public var metrics: (any SessionMetrics)?
 
         public init(
             address: PeripheralAddress, databasePath: String, configuration: SyncSession.Configuration,

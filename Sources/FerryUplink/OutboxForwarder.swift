@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 import FerryStore
 import Foundation
@@ -24,8 +25,16 @@ public struct ForwarderConfiguration: Sendable {
     public var retentionSeconds: Double = 72 * 3600
     /// How often housekeeping (pruning, incremental vacuum) runs while idle.
     public var housekeepingIntervalSeconds: Double = 60
-    /// Longest sleep when nothing is due (new events are committed by another process).
+    /// Longest sleep when nothing is due and nobody signals `newEvents` (new events are committed by another
+    /// process: `ferry forward` beside `ferry sync`).
     public var idlePollSeconds: Double = 1
+    /// Signalled by whoever commits events in this process (the daemon's sessions, per commit). When set, an
+    /// idle forwarder sleeps until it is signalled, a retry is due or the heartbeat below comes, instead of
+    /// polling the store every `idlePollSeconds`: an idle daemon does no store reads.
+    public var newEvents: Wakeup?
+    /// With `newEvents`: the longest idle sleep, a heartbeat for the daemon's watchdog (which allows 120 s)
+    /// and the latency for events another process commits.
+    public var idleHeartbeatSeconds: Double = 15
     /// Called once per loop iteration (a batch settled or an idle poll) with the report so far: the daemon's
     /// watchdog heartbeat, `ferry forward`'s progress line.
     public var onProgress: (@Sendable (ForwardReport) -> Void)?
@@ -263,7 +272,7 @@ public actor OutboxForwarder {
     }
 
     private func sleepUntilDue(now: Int64) async throws {
-        var wait = configuration.idlePollSeconds
+        var wait = configuration.newEvents == nil ? configuration.idlePollSeconds : configuration.idleHeartbeatSeconds
         if pausedUntil > now {
             wait = Double(pausedUntil - now) / 1000
         } else if health.resumeAt > now {
@@ -274,7 +283,12 @@ public actor OutboxForwarder {
         // Wake at least every quarter lease to renew it, and at most 15 s apart even through a long pause
         // (Retry-After may say an hour): each wake is a heartbeat for the daemon's watchdog.
         wait = min(wait, configuration.leaseSeconds / 4, 15)
-        try? await Task.sleep(nanoseconds: UInt64(max(0.005, wait) * 1e9))
+        let duration = Duration.milliseconds(Int64(max(0.005, wait) * 1000))
+        if let newEvents = configuration.newEvents {
+            await newEvents.wait(timeout: duration)
+        } else {
+            try? await Task.sleep(for: duration)
+        }
     }
 
     /// Builds the §6 body from the claimed rows. Everything comes from stored, immutable data, so a retry of

@@ -1,3 +1,4 @@
+import FerryCore
 @testable import FerryGateway
 import FerrySimulator
 import Testing

@@ -1,4 +1,5 @@
 import FerryBlueZ
+import FerryCore
 import FerryDBus
 import FerryGateway
 import FerrySync

@@ -1,13 +1,12 @@
-import FerryDBus
-
-/// A level-triggered wake-up for one waiting loop (the daemon's scheduling loop, the storage watch): anyone may
+/// A level-triggered wake-up for one waiting loop (the daemon's scheduling loop, the storage watch, the outbox
+/// forwarder): anyone may
 /// `signal()` that something changed; the loop's `wait` returns at once if a signal is pending, else when one
 /// comes or its next due time arrives. Signals coalesce: a burst of them costs the loop one turn, and a loop
 /// with nothing due and nothing signalled sleeps (no polling, so an idle daemon uses no CPU).
 ///
 /// The loop re-evaluates everything on each turn, so the wake-up carries no payload: what happened is in the
 /// state the loop reads (sessions, signals, the BlueZ object cache).
-final class Wakeup: Sendable {
+public final class Wakeup: Sendable {
     private struct State {
         var signalled = false
         var waiter: CheckedContinuation<Void, Never>?
@@ -15,9 +14,9 @@ final class Wakeup: Sendable {
 
     private let state = LockedValue(State())
 
-    init() {}
+    public init() {}
 
-    func signal() {
+    public func signal() {
         let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
             s.signalled = true
             defer { s.waiter = nil }
@@ -29,7 +28,7 @@ final class Wakeup: Sendable {
     /// Returns when signalled (consuming the signal; true), after `timeout` (nil: none; false), or at once in a
     /// cancelled task. One waiter at a time: the loop that owns this wake-up.
     @discardableResult
-    func wait(timeout: Duration?) async -> Bool {
+    public func wait(timeout: Duration?) async -> Bool {
         if consume() { return true }
         if timeout == .zero || Task.isCancelled { return false }
         // The signal and the timer race in a task group; the loser is cancelled, so nothing outlives the wait.
