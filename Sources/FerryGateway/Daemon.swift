@@ -929,8 +929,7 @@ struct SlotSession: Sendable {
             }
         }
         guard await register(session.continuation) else {
-            session.continuation.finish()
-            await session.transport.disconnect()
+            await session.abandon()
             return SessionResult(outcome: .interrupted(backlog: nil))
         }
         log.log(

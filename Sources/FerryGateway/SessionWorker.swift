@@ -78,8 +78,18 @@ public struct SessionWorker: Sendable {
         /// The runner's event stream: a caller stops the session by yielding `.stop` (the daemon registers it).
         public let continuation: AsyncStream<LinkEvent>.Continuation
         let events: AsyncStream<LinkEvent>
+        /// The session's own thread: its store connection lives there, and `run` drives the session there, so
+        /// a commit's fsync (or a busy wait on another writer) never holds a thread of the cooperative pool.
+        let thread: DatabaseThread
         /// From the start of `open` to the resolved service, on the worker's clock.
         public let connectSeconds: Double
+
+        /// Gives up an opened session without running it (the daemon is stopping): the link is released.
+        public func abandon() async {
+            continuation.finish()
+            await transport.disconnect()
+            thread.stop()
+        }
     }
 
     /// How the session ended, classified once for both commands.
@@ -148,14 +158,17 @@ public struct SessionWorker: Sendable {
         step(.servicesResolved)
         let connectSeconds = clock.now() - started
         let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
+        let thread = DatabaseThread(name: "ferry-session")
         let store: GatewayStore
         let transport: BlueZSyncTransport
         do {
-            store = try GatewayStore(path: settings.databasePath)
+            let path = settings.databasePath
+            store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
             transport = try await BlueZSyncTransport(
                 device: device, service: service, events: continuation, preferredNotify: settings.preferredNotify,
                 log: sink)
         } catch {
+            thread.stop()
             continuation.finish()
             try? await device.disconnect()
             throw .cannotStart(error)
@@ -165,7 +178,7 @@ public struct SessionWorker: Sendable {
             clock: clock, log: sink, diskBudgetBytes: settings.diskBudgetBytes)
         runner.metrics = settings.metrics
         return Session(
-            runner: runner, transport: transport, continuation: continuation, events: events,
+            runner: runner, transport: transport, continuation: continuation, events: events, thread: thread,
             connectSeconds: connectSeconds)
     }
 
@@ -173,9 +186,12 @@ public struct SessionWorker: Sendable {
     public func run(_ session: Session, afterEvent: (SyncSessionRunner) -> Void = { _ in }) async -> Report {
         let runner = session.runner
         let sessionStart = clock.now()
+        // Everything the session does between awaits (decoding, the state machine, the store's commit) runs on
+        // the session's thread; the awaits themselves (D-Bus calls, the next notification) leave it free.
         await LiveSessionDriver.run(
             runner: runner, events: session.events, continuation: session.continuation, clock: clock,
-            afterEvent: afterEvent)
+            executor: session.thread, afterEvent: afterEvent)
+        session.thread.stop()
         session.continuation.finish()
         let s = runner.summary
         let head = runner.machine.knownHead

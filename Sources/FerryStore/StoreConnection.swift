@@ -8,13 +8,16 @@ import Foundation
 /// serial queue; this is that, for Swift concurrency). sqlite3 calls block — an fsync per commit under
 /// `synchronous = FULL`, up to 5 s in the busy handler, a long prune — and a blocked thread of the cooperative
 /// pool (one per core: two on a small Pi) stalls every task of the process. An actor whose `unownedExecutor` is
-/// this one runs all its methods here instead.
-public final class DatabaseThread: SerialExecutor, @unchecked Sendable {
+/// this one runs all its methods here instead; a task that prefers it as its task executor
+/// (`withTaskExecutorPreference`) runs its nonisolated code here (a sync session, with its store).
+public final class DatabaseThread: SerialExecutor, TaskExecutor, @unchecked Sendable {
     // Guarded by `mutex` (pthread, not Synchronization.Mutex: ThreadSanitizer sees these handoffs).
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
     private var jobs: [UnownedJob] = []
     private var stopping = false
+    /// The thread has ended (stopped, nothing left): later jobs go to the global executor (below).
+    private var exited = false
     private var threadID: pthread_t?
 
     /// Starts the thread; `name` shows in `top -H` / /proc (at most 15 bytes are kept).
@@ -45,9 +48,16 @@ public final class DatabaseThread: SerialExecutor, @unchecked Sendable {
     }
 
     public func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
         pthread_mutex_lock(mutex)
-        jobs.append(job)
+        if exited {
+            // A task that preferred this executor outlived it (a cancelled timer task waking up to end): it must
+            // still run, or it would be lost with everything it holds. Only nonisolated work can come here: an
+            // actor on this executor stops it from its deinit, when no job of its can be pending.
+            pthread_mutex_unlock(mutex)
+            globalConcurrentExecutor.enqueue(job)
+            return
+        }
+        jobs.append(UnownedJob(job))
         pthread_cond_signal(condition)
         pthread_mutex_unlock(mutex)
     }
@@ -79,13 +89,16 @@ public final class DatabaseThread: SerialExecutor, @unchecked Sendable {
             pthread_mutex_lock(mutex)
             while jobs.isEmpty && !stopping { pthread_cond_wait(condition, mutex) }
             if jobs.isEmpty {  // stopping, nothing left
+                exited = true
                 pthread_mutex_unlock(mutex)
                 return
             }
             let batch = jobs
             jobs.removeAll(keepingCapacity: true)
             pthread_mutex_unlock(mutex)
-            for job in batch { job.runSynchronously(on: asUnownedSerialExecutor()) }
+            for job in batch {
+                job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+            }
         }
     }
 }

@@ -15,10 +15,22 @@ public enum LinkEvent: Sendable {
 /// Runs a session over a live link: one loop consumes `LinkEvent`s and hands them to the runner, arming a
 /// timer for the runner's next deadline. Returns when the runner has finished.
 public enum LiveSessionDriver {
+    /// `executor`: where the loop runs between awaits — the runner, its state machine and its store's commits.
+    /// The thread that owns the runner's store connection (`DatabaseThread`), so sqlite3's blocking calls stay
+    /// off the cooperative pool; nil: wherever the caller runs.
     public static func run(
         runner: SyncSessionRunner, events: AsyncStream<LinkEvent>, continuation: AsyncStream<LinkEvent>.Continuation,
-        clock: any MonotonicClock = SystemMonotonicClock(),
+        clock: any MonotonicClock = SystemMonotonicClock(), executor: (any TaskExecutor)? = nil,
         afterEvent: (SyncSessionRunner) -> Void = { _ in }  // a progress display; runs in this task, between events
+    ) async {
+        await withTaskExecutorPreference(executor) {
+            await loop(runner: runner, events: events, continuation: continuation, clock: clock, afterEvent: afterEvent)
+        }
+    }
+
+    private static func loop(
+        runner: SyncSessionRunner, events: AsyncStream<LinkEvent>, continuation: AsyncStream<LinkEvent>.Continuation,
+        clock: any MonotonicClock, afterEvent: (SyncSessionRunner) -> Void
     ) async {
         await runner.start()
         // The session can end during start (STREAM_INFO unreadable, subscribe refused): then no event will

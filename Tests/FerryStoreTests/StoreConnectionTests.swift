@@ -16,6 +16,27 @@ import Testing
             .trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
+    /// A session task prefers its session's thread; a task that outlives the thread (a cancelled timer waking to
+    /// end) must still run — elsewhere — instead of being lost in a queue nobody serves.
+    @Test func aTaskPreferringAThreadThatHasEndedStillRuns() async throws {
+        let thread = DatabaseThread(name: "ferry-test-end")
+        let onThread = await Task(executorPreference: thread) { thread.isCurrent }.value
+        #expect(onThread)
+        thread.stop()
+        try await Task.sleep(for: .milliseconds(200))  // the thread finds nothing left and ends
+        let ran = await withTaskGroup(of: Bool.self) { group in
+            group.addTask { await Task(executorPreference: thread) { true }.value }
+            group.addTask {
+                try? await Task.sleep(for: .seconds(20))
+                return false
+            }
+            let first = await group.next() ?? false
+            group.cancelAll()
+            return first
+        }
+        #expect(ran, "a job enqueued after the thread ended was never run")
+    }
+
     @Test func callsRunOnTheConnectionsOwnThreadOneAtATime() async throws {
         let dir = try TemporaryDirectory()
         let connection = try await StoreConnection.open(path: dir.file("ferry.sqlite"), threadName: "ferry-test-db")

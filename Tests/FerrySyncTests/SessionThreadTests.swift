@@ -1,0 +1,64 @@
+import FerryProtocol
+import FerryStore
+import FerrySync
+import Foundation
+import Testing
+
+/// A live session driven with its store's thread as executor: every commit (and so every sqlite3 call of the
+/// session) runs on that thread, not on the cooperative pool, and the session still ends as it should.
+@Suite struct SessionThreadTests {
+    /// A link that accepts every write (pure logic: the events are fed by the test).
+    final class QuietLink: SyncTransport {
+        var hasStreamInfo: Bool { false }
+        func readStreamInfo() async throws -> [UInt8] { throw TransportError("no STREAM_INFO") }
+        func subscribe() async throws {}
+        func writeControl(_ bytes: [UInt8]) async throws {}
+        func writeAck(_ bytes: [UInt8]) async throws {}
+        func disconnect() async {}
+    }
+
+    /// Records, per commit, whether it ran on the session's thread.
+    final class CommitThreads: SessionMetrics, @unchecked Sendable {
+        let thread: DatabaseThread
+        private let lock = NSLock()
+        private var onThread: [Bool] = []
+        init(thread: DatabaseThread) { self.thread = thread }
+        func received(bytes: Int) {}
+        func stored(frames: Int) {
+            let current = thread.isCurrent
+            lock.withLock { onThread.append(current) }
+        }
+        var commits: [Bool] { lock.withLock { onThread } }
+    }
+
+    @Test func commitsRunOnTheSessionsThread() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-thread-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("ferry.sqlite").path
+        let thread = DatabaseThread(name: "ferry-test-sess")
+        defer { thread.stop() }
+        let store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
+        var configuration = SyncSession.Configuration()
+        configuration.window = 20
+        configuration.ackBatch = 20
+        let runner = SyncSessionRunner(
+            peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: QuietLink(),
+            configuration: configuration)
+        let counters = CommitThreads(thread: thread)
+        runner.metrics = counters
+        let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
+        // Three windows of 20 frames, ten frames per notification, then the link drops.
+        for first in stride(from: UInt64(1), through: 51, by: 10) {
+            let bytes = (first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0 % 251)]).encoded() }
+            continuation.yield(.bytes(bytes))
+        }
+        continuation.yield(.linkEnded)
+        #expect(!thread.isCurrent)
+        await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation, executor: thread)
+        #expect(runner.summary.framesStored == 60)
+        #expect(runner.summary.end == .linkLost)
+        #expect(counters.commits.count >= 3)
+        #expect(counters.commits.allSatisfy { $0 }, "a commit ran off the session's thread: \(counters.commits)")
+    }
+}
