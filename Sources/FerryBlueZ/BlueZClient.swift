@@ -105,9 +105,10 @@ public final class BlueZClient: Sendable {
     ) async throws -> BlueZDevice {
         if let known = await knownDevice(address: address, on: adapter) { return known }
         let discovery = discovery(on: adapter)
-        let lease = try await discovery.acquire()
         let clock = ContinuousClock()
         let deadline = clock.now + timeout
+        // Starting may use the whole wait: a busy controller answers late, and a late start is still a start.
+        let lease = try await discovery.acquire(startTimeout: max(.seconds(10), timeout))
         let probe: @Sendable (BlueZObjects) -> String? = { Self.devicePath(address: address, adapter: adapter, in: $0) }
         do {
             while true {

@@ -77,9 +77,12 @@ public actor BlueZDiscovery {
     public var userCount: Int { ledger.users }
 
     /// Starts discovery if nobody else has. Throws (and does not count the caller) if starting fails.
-    public func acquire() async throws -> DiscoveryLease {
+    /// `startTimeout`: how long bluetoothd may take to answer the filter and the start together. It answers
+    /// StartDiscovery only once the controller has (the kernel's scan commands), and a controller busy with an
+    /// advertising flood was measured in the test bed to take more than 10 s.
+    public func acquire(startTimeout: Duration = .seconds(10)) async throws -> DiscoveryLease {
         if ledger.acquire() == .start {
-            let attempt = Task { try await start() }
+            let attempt = Task { try await start(timeout: startTimeout) }
             starting = attempt
             defer { starting = nil }
             do {
@@ -177,10 +180,11 @@ public actor BlueZDiscovery {
         }
     }
 
-    private func start() async throws {
-        try await adapter.setDiscoveryFilter(serviceUUIDs: serviceUUIDs)
+    private func start(timeout: Duration = .seconds(10)) async throws {
+        let deadline = ContinuousClock.now + timeout
+        try await adapter.setDiscoveryFilter(serviceUUIDs: serviceUUIDs, timeout: timeout)
         do {
-            try await adapter.startDiscovery()
+            try await adapter.startDiscovery(timeout: max(.seconds(1), deadline - ContinuousClock.now))
         } catch let error as BlueZError where error.kind == .inProgress {
             // Our client already has a session (state we lost track of): it is discovering, which is what we want.
             log?("bluez: StartDiscovery on \(adapter.name) already in progress; sharing it")

@@ -194,6 +194,23 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    /// bluetoothd answers StartDiscovery only once the controller took the scan commands: a busy controller
+    /// (11 s here) must not fail a discovery whose caller is willing to wait longer (the fixed 10 s call timeout
+    /// made `ferry sync` fail with NoReply in the test bed).
+    @Test func aSlowStartDiscoveryIsWaitedForWithinTheCallersTimeout() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        fake.state.withLock {
+            $0.deviceAppearsOnDiscovery = true
+            $0.startDiscoveryDelay = .seconds(11)
+        }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let device = try await client.discover(address: FakeBlueZ.deviceAddress, on: adapter, timeout: .seconds(25))
+        #expect(await device.address() == FakeBlueZ.deviceAddress)
+        fake.stop()
+    }
+
     /// bluetoothd creates the device object at once but may announce it only after discovery has ended (its
     /// signals wait for an idle main loop): each window without the device reads the tree.
     @Test func discoverFindsADeviceBluetoothdHasNotAnnounced() async throws {

@@ -30,6 +30,8 @@ public final class FakeBlueZ: Sendable {
         /// loop an advertising flood keeps from its idle callbacks (signals and calls alike).
         public var starvedWhileDiscovering = false
         public var discovering = false
+        /// StartDiscovery answers only after this long (a controller slow to take the scan commands).
+        public var startDiscoveryDelay: Duration?
         /// Set Adapter1.Powered true fails (a controller that does not come back).
         public var refusePowerOn = false
         public var agents: [(sender: String, path: String, capability: String)] = []
@@ -296,6 +298,7 @@ public final class FakeBlueZ: Sendable {
             state.withLock { $0.discoveryFilter = filter }
             return .reply([])
         case (BlueZInterface.adapter, "StartDiscovery"):
+            if let delay = state.withLock({ $0.startDiscoveryDelay }) { try? await Task.sleep(for: delay) }
             try? setProperty(call.path, BlueZInterface.adapter, "Discovering", .bool(true))
             let (appears, starved) = state.withLock { s -> (Bool, Bool) in
                 s.discovering = true
