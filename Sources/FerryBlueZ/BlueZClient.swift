@@ -108,7 +108,7 @@ public final class BlueZClient: Sendable {
         let clock = ContinuousClock()
         let deadline = clock.now + timeout
         // Starting may use the whole wait: a busy controller answers late, and a late start is still a start.
-        let lease = try await discovery.acquire(startTimeout: max(.seconds(10), timeout))
+        let lease = try await discovery.acquire(startTimeout: max(BlueZDiscovery.defaultStartTimeout, timeout))
         let probe: @Sendable (BlueZObjects) -> String? = { Self.devicePath(address: address, adapter: adapter, in: $0) }
         do {
             while true {

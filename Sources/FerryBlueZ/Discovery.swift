@@ -76,11 +76,14 @@ public actor BlueZDiscovery {
 
     public var userCount: Int { ledger.users }
 
+    /// bluetoothd's usual answer time for the filter and the start, when the caller gives none.
+    public static let defaultStartTimeout: Duration = .seconds(10)
+
     /// Starts discovery if nobody else has. Throws (and does not count the caller) if starting fails.
     /// `startTimeout`: how long bluetoothd may take to answer the filter and the start together. It answers
     /// StartDiscovery only once the controller has (the kernel's scan commands), and a controller busy with an
     /// advertising flood was measured in the test bed to take more than 10 s.
-    public func acquire(startTimeout: Duration = .seconds(10)) async throws -> DiscoveryLease {
+    public func acquire(startTimeout: Duration = defaultStartTimeout) async throws -> DiscoveryLease {
         if ledger.acquire() == .start {
             let attempt = Task { try await start(timeout: startTimeout) }
             starting = attempt
@@ -174,13 +177,13 @@ public actor BlueZDiscovery {
         }
         // Released meanwhile (its StopDiscovery found nothing to stop): nobody needs discovery any more.
         guard ledger.active else { return }
-        do { try await start() } catch {
+        do { try await start(timeout: Self.defaultStartTimeout) } catch {
             ledger.startFailed()
             log?("bluez: could not resume discovery on \(adapter.name): \(error)")
         }
     }
 
-    private func start(timeout: Duration = .seconds(10)) async throws {
+    private func start(timeout: Duration) async throws {
         let deadline = ContinuousClock.now + timeout
         try await adapter.setDiscoveryFilter(serviceUUIDs: serviceUUIDs, timeout: timeout)
         do {
@@ -206,7 +209,7 @@ public actor BlueZDiscovery {
     private func restartAfterServiceRestart() async {
         guard ledger.serviceRestarted() == .start else { return }
         do {
-            try await start()
+            try await start(timeout: Self.defaultStartTimeout)
             log?("bluez: discovery on \(adapter.name) restarted after bluetoothd came back")
         } catch {
             ledger.startFailed()

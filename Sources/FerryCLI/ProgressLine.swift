@@ -1,5 +1,4 @@
 import FerryCore
-import FerryDBus
 import Foundation
 
 #if canImport(Glibc)

@@ -1,5 +1,4 @@
 import FerryCore
-import FerryDBus
 import FerryStore
 import Foundation
 import FerrySync

@@ -1,6 +1,5 @@
 import FerryBlueZ
 import FerryCore
-import FerryDBus
 import FerryProtocol
 import FerryStore
 import FerrySync

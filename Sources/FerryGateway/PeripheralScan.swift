@@ -1,6 +1,5 @@
 import FerryBlueZ
 import FerryCore
-import FerryDBus
 import FerrySync
 
 /// A Sync peripheral seen advertising during a scan (`ferry scan`).

@@ -1,5 +1,4 @@
 import FerryCore
-import FerryDBus
 import FerryProtocol
 import Foundation
 import FerrySync

@@ -1,5 +1,4 @@
 import FerryCore
-import FerryDBus
 import FerrySync
 
 /// Decides whether the daemon is making progress, for systemd's watchdog. Pure: each part reports a heartbeat

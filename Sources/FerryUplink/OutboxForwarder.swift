@@ -32,9 +32,10 @@ public struct ForwarderConfiguration: Sendable {
     /// idle forwarder sleeps until it is signalled, a retry is due or the heartbeat below comes, instead of
     /// polling the store every `idlePollSeconds`: an idle daemon does no store reads.
     public var newEvents: Wakeup?
-    /// With `newEvents`: the longest idle sleep, a heartbeat for the daemon's watchdog (which allows 120 s)
-    /// and the latency for events another process commits.
-    public var idleHeartbeatSeconds: Double = 15
+    /// The longest sleep of all, even through a long pause (Retry-After may say an hour): each wake is a
+    /// heartbeat for the daemon's watchdog (which allows 120 s). With `newEvents`, also the idle sleep, and so
+    /// the latency for events another process commits.
+    public var heartbeatSeconds: Double = 15
     /// Called once per loop iteration (a batch settled or an idle poll) with the report so far: the daemon's
     /// watchdog heartbeat, `ferry forward`'s progress line.
     public var onProgress: (@Sendable (ForwardReport) -> Void)?
@@ -272,7 +273,7 @@ public actor OutboxForwarder {
     }
 
     private func sleepUntilDue(now: Int64) async throws {
-        var wait = configuration.newEvents == nil ? configuration.idlePollSeconds : configuration.idleHeartbeatSeconds
+        var wait = configuration.newEvents == nil ? configuration.idlePollSeconds : configuration.heartbeatSeconds
         if pausedUntil > now {
             wait = Double(pausedUntil - now) / 1000
         } else if health.resumeAt > now {
@@ -280,9 +281,8 @@ public actor OutboxForwarder {
         } else if let due = try store.nextDueAt(), due > wallClock.nowMillis() {
             wait = min(wait, Double(due - wallClock.nowMillis()) / 1000)
         }
-        // Wake at least every quarter lease to renew it, and at most 15 s apart even through a long pause
-        // (Retry-After may say an hour): each wake is a heartbeat for the daemon's watchdog.
-        wait = min(wait, configuration.leaseSeconds / 4, 15)
+        // Wake at least every quarter lease to renew it, and at least every heartbeat.
+        wait = min(wait, configuration.leaseSeconds / 4, configuration.heartbeatSeconds)
         let duration = Duration.milliseconds(Int64(max(0.005, wait) * 1000))
         if let newEvents = configuration.newEvents {
             await newEvents.wait(timeout: duration)

@@ -49,7 +49,7 @@ import Testing
         let wakeup = Wakeup()
         var configuration = ForwarderConfiguration(gatewayID: "test")
         configuration.newEvents = wakeup
-        configuration.idleHeartbeatSeconds = 6
+        configuration.heartbeatSeconds = 6
         configuration.idlePollSeconds = 0.01  // must not be used while `newEvents` is set
         let forwarder = try OutboxForwarder(databasePath: path, poster: poster, configuration: configuration)
         let running = Task { try await forwarder.run(untilEmpty: false) }
