@@ -51,10 +51,14 @@ import Testing
         configuration.newEvents = wakeup
         configuration.heartbeatSeconds = 6
         configuration.idlePollSeconds = 0.01  // must not be used while `newEvents` is set
+        let turns = LockedValue(0)
+        configuration.onProgress = { _ in turns.withLock { $0 += 1 } }
         let forwarder = try OutboxForwarder(databasePath: path, poster: poster, configuration: configuration)
         let running = Task { try await forwarder.run(untilEmpty: false) }
         defer { running.cancel() }
-        try await Task.sleep(for: .milliseconds(300))  // the forwarder found nothing and went to sleep
+        // The forwarder's first turn found nothing and went to sleep (a loaded machine may take a while to start it).
+        #expect(await Self.eventually(within: 20) { turns.withLock { $0 } >= 1 })
+        try await Task.sleep(for: .milliseconds(300))
 
         // Committed without a signal: nothing goes out before the heartbeat (6 s), although idlePollSeconds is 10 ms.
         try Self.commit(store, window: 0)
