@@ -40,7 +40,7 @@ public struct DeviceConnector: Sendable {
             try Task.checkCancellation()
             let failure: BlueZError
             do {
-                try await device.connect(timeout: connectTimeout)
+                try await connectUnlessRemoved(device, timeout: connectTimeout)
                 policy.reset()
                 return device
             } catch let error as BlueZError {
@@ -86,6 +86,47 @@ public struct DeviceConnector: Sendable {
                 }
             case .giveUp(let reason):
                 throw BlueZError(kind: failure.kind, name: failure.name, message: reason)
+            }
+        }
+    }
+
+    /// Device1.Connect, given up as soon as bluetoothd drops the device object. A device only heard by discovery
+    /// is temporary: when the last discovery session on the adapter ends (another client's too), bluetoothd
+    /// 5.66 removes it, even with a Connect pending, and that Connect then never gets a reply. Waiting for the
+    /// call's timeout would hold the caller for its whole wait; the removal is answered like any vanished
+    /// device instead (`unknownObject`: rediscover, then connect again).
+    private func connectUnlessRemoved(_ device: BlueZDevice, timeout: Duration) async throws {
+        enum Outcome: Sendable { case connected, removed, watchEnded }
+        let path = device.path
+        let objects = client.objects
+        let present: @Sendable (BlueZObjects) -> Bool = { $0.properties(path, BlueZInterface.device) != nil }
+        guard present(await objects.snapshot) else {
+            try await device.connect(timeout: timeout)
+            return
+        }
+        try await withThrowingTaskGroup(of: Outcome.self) { group in
+            group.addTask {
+                try await device.connect(timeout: timeout)
+                return .connected
+            }
+            group.addTask {
+                do {
+                    try await objects.waitUntil(timeout: timeout) { !present($0) }
+                    return .removed
+                } catch let error as BlueZError where error.kind == .timeout {
+                    return .watchEnded  // the Connect call's own timeout decides
+                }
+            }
+            defer { group.cancelAll() }
+            while let outcome = try await group.next() {
+                switch outcome {
+                case .connected: return
+                case .removed:
+                    throw BlueZError(
+                        kind: .unknownObject, name: "org.freedesktop.DBus.Error.UnknownObject",
+                        message: "bluetoothd removed \(path) while connecting (a temporary device whose discovery ended)")
+                case .watchEnded: continue
+                }
             }
         }
     }

@@ -293,6 +293,35 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    /// bluetoothd 5.66 removes a temporary device when the last discovery session ends, even with a Connect on
+    /// it pending, and never answers that Connect (seen in the test bed: `ferry pair --address <RPA>` waited out
+    /// its deadline). The removal ends the attempt at once: rediscover, connect again.
+    @Test func aDeviceRemovedWhileConnectingIsRediscoveredWithoutWaitingForTheConnectTimeout() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        fake.state.withLock {
+            $0.connectRemovesDeviceOnce = true
+            $0.deviceAppearsOnDiscovery = true
+        }
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let connector = DeviceConnector(
+            client: client, adapter: try await client.adapter(), address: FakeBlueZ.deviceAddress, sleep: { _ in })
+        var policy = ConnectRetryPolicy()
+        let started = ContinuousClock.now
+        let device = try await connector.connect(policy: &policy, connectTimeout: .seconds(60))
+        #expect(ContinuousClock.now - started < .seconds(30))
+        #expect(await device.isConnected())
+        let sequence = fake.calls.map { String($0.split(separator: " ")[0]) }.filter { $0.hasPrefix("Device1.") || $0.hasPrefix("Adapter1.") }
+        #expect(
+            sequence == [
+                "Device1.Connect", "Adapter1.SetDiscoveryFilter", "Adapter1.StartDiscovery", "Adapter1.StopDiscovery",
+                "Device1.Connect",
+            ])
+        fake.stop()
+    }
+
     @Test func repeatedInProgressRemovesTheDeviceAndRediscoversIt() async throws {
         let bus = try TestBus()
         var tree = FakeBlueZ.adapterOnly()

@@ -26,6 +26,9 @@ public final class FakeBlueZ: Sendable {
         public var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
         public var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
         public var deviceAppearsOnDiscovery = false
+        /// The next Connect removes the device object and never replies: bluetoothd 5.66 dropping a temporary
+        /// device when the last discovery session ends while a Connect on it is pending.
+        public var connectRemovesDeviceOnce = false
         /// Announce nothing and leave GetManagedObjects unanswered while discovering: a bluetoothd whose main
         /// loop an advertising flood keeps from its idle callbacks (signals and calls alike).
         public var starvedWhileDiscovering = false
@@ -318,6 +321,11 @@ public final class FakeBlueZ: Sendable {
             try? removeObject(path)
             return .reply([])
         case (BlueZInterface.device, "Connect"):
+            if state.withLock({ s in defer { s.connectRemovesDeviceOnce = false }; return s.connectRemovesDeviceOnce }) {
+                try? removeObject(call.path)
+                try? await Task.sleep(for: .seconds(120))
+                return .error(DBusError(name: "org.freedesktop.DBus.Error.NoReply", message: "never answered"))
+            }
             let scripted = state.withLock { s -> DBusError?? in s.connectScript.isEmpty ? .none : s.connectScript.removeFirst() }
             if case .some(.some(let error)) = scripted { return .error(error) }
             try? setProperty(call.path, BlueZInterface.device, "Connected", .bool(true))
