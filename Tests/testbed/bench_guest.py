@@ -43,6 +43,7 @@ def daemon_cpu() -> dict:
     peripherals (peripheral.py: bumble's controller, link and GATT in Python, in this same TCG guest: what it
     uses is taken from the centrals and bluetoothd)."""
     out = {"bluetoothd": 0.0, "dbus-daemon": 0.0, "peripherals": 0.0}
+    seen = set()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -59,7 +60,9 @@ def daemon_cpu() -> dict:
         if name in out:
             fields = stat[stat.rindex(")") + 2:].split()
             out[name] += (int(fields[11]) + int(fields[12])) / HZ
-    return out
+            seen.add(name)
+    # Peripherals on the host (scripts/testbed --peripherals-on host): not this guest's CPU, not measured here.
+    return {k: (v if k in seen or k != "peripherals" else None) for k, v in out.items()}
 
 
 def run_measured(cmd: list[str], log_name: str, limit: float) -> tuple[int, str, float, float]:
@@ -102,7 +105,8 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
            "wall_seconds": round(wall, 3), "process_cpu_seconds": round(cpu, 3),
            "bluetoothd_cpu_seconds": round(after["bluetoothd"] - before["bluetoothd"], 3),
            "dbus_daemon_cpu_seconds": round(after["dbus-daemon"] - before["dbus-daemon"], 3),
-           "peripherals_cpu_seconds": round(after["peripherals"] - before["peripherals"], 3),
+           "peripherals_cpu_seconds": (round(after["peripherals"] - before["peripherals"], 3)
+                                       if after["peripherals"] is not None and before["peripherals"] is not None else None),
            "peripheral_frames_sent": s["frames_sent"], "peripheral_notifications_sent": s["notifications_sent"],
            "peripheral_violations": s["violations"], "peripheral_acks_received": s["acks_received"],
            "peripheral_highest_ack": s["highest_ack"], "mtu": s.get("mtu"), "reported": reported}

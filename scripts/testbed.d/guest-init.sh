@@ -41,16 +41,20 @@ mkdir -p "$SCRATCH" && mount -t tmpfs -o size=256m tmpfs "$SCRATCH" || fail "can
 
 # --- emulated controller + peripherals, started first: importing bumble takes ~20 s under
 # TCG and overlaps with the rest of the bring-up; it opens /dev/vhci once that exists.
-CONTROL=/run/ferry-testbed-control
-mkfifo "$CONTROL" || fail "mkfifo $CONTROL failed"
-rm -f "$RESULTS/peripherals.ready"
-"$TB_VENV/bin/python" "$TB_DIR/peripheral.py" \
-    --peripherals "$TB_PERIPHERALS" --events "$TB_EVENTS" "${TB_PERIPHERAL_ARGS[@]}" \
-    --stats-dir "$RESULTS" --store-dir "$SCRATCH/peripheral-store" \
-    --ready-file "$RESULTS/peripherals.ready" --control "$CONTROL" \
-    >"$RESULTS/peripherals.log" 2>&1 &
-PERIPHERAL_PID=$!
-PIDS+=("$PERIPHERAL_PID")
+# With the peripherals on the host there is no control channel (FERRY_TESTBED_CONTROL is empty).
+CONTROL=""
+if [[ "${TB_PERIPHERALS_ON:-guest}" == guest ]]; then
+    CONTROL=/run/ferry-testbed-control
+    mkfifo "$CONTROL" || fail "mkfifo $CONTROL failed"
+    rm -f "$RESULTS/peripherals.ready"
+    "$TB_VENV/bin/python" "$TB_DIR/peripheral.py" \
+        --peripherals "$TB_PERIPHERALS" --events "$TB_EVENTS" "${TB_PERIPHERAL_ARGS[@]}" \
+        --stats-dir "$RESULTS" --store-dir "$SCRATCH/peripheral-store" \
+        --ready-file "$RESULTS/peripherals.ready" --control "$CONTROL" \
+        >"$RESULTS/peripherals.log" 2>&1 &
+    PERIPHERAL_PID=$!
+    PIDS+=("$PERIPHERAL_PID")
+fi
 
 # --- kernel Bluetooth
 # Generous bounds: on a loaded host the emulated CPU is starved, and loading bluetooth (its crypto self-tests)
@@ -59,6 +63,20 @@ timeout 120 modprobe bluetooth || fail "modprobe bluetooth failed (kernel $(unam
 timeout 120 modprobe hci_vhci || fail "modprobe hci_vhci failed"
 for _ in $(seq 300); do [[ -c /dev/vhci ]] && break; sleep 0.1; done
 [[ -c /dev/vhci ]] || fail "/dev/vhci did not appear after loading hci_vhci"
+if [[ "${TB_PERIPHERALS_ON:-guest}" == host ]]; then
+    # The controller runs on the host (scripts/testbed --peripherals-on host), behind a virtio-serial port.
+    port=""
+    for d in /sys/class/virtio-ports/*; do
+        [[ "$(cat "$d/name" 2>/dev/null)" == ferry-hci ]] && port="/dev/$(basename "$d")"
+    done
+    [[ -n "$port" ]] || fail "no virtio-serial port ferry-hci (qemu options not applied?)"
+    for _ in $(seq 50); do [[ -c "$port" ]] && break; sleep 0.1; done
+    [[ -c "$port" ]] || mknod "$port" c "$(cut -d: -f1 "/sys/class/virtio-ports/$(basename "$port")/dev")" \
+        "$(cut -d: -f2 "/sys/class/virtio-ports/$(basename "$port")/dev")"
+    "$TB_RELAY" "$port" /dev/vhci >"$RESULTS/vhci-relay.log" 2>&1 &
+    PERIPHERAL_PID=$!
+    PIDS+=("$PERIPHERAL_PID")
+fi
 
 # --- system bus and bluetoothd
 mkdir -p /run/dbus /var/lib/bluetooth
