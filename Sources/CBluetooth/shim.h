@@ -87,4 +87,28 @@ static inline int ferry_mgmt_discovery_kick(int dev_id) {
     close(fd);
     return result;
 }
+/* Disconnects the LE link to `address` (6 bytes as written, most significant first) on controller hciN through
+ * the kernel's management channel (needs CAP_NET_ADMIN). The kernel answers once the controller reported the
+ * link down, and announces it to every management client (bluetoothd included). `address_type`: 1 LE public,
+ * 2 LE random. Returns 0, or -errno / -(0x100 + mgmt status). */
+static inline int ferry_mgmt_disconnect(int dev_id, const uint8_t address[6], uint8_t address_type, int timeout_ms) {
+    int fd = socket(AF_BLUETOOTH, SOCK_RAW | SOCK_CLOEXEC, BTPROTO_HCI);
+    if (fd < 0) return -errno;
+    struct sockaddr_hci bind_address;
+    memset(&bind_address, 0, sizeof(bind_address));
+    bind_address.hci_family = AF_BLUETOOTH;
+    bind_address.hci_dev = HCI_DEV_NONE;
+    bind_address.hci_channel = HCI_CHANNEL_CONTROL;
+    if (bind(fd, (struct sockaddr *)&bind_address, sizeof(bind_address)) < 0) {
+        int error = -errno;
+        close(fd);
+        return error;
+    }
+    uint8_t params[7];
+    for (int i = 0; i < 6; i++) params[i] = address[5 - i]; /* bdaddr_t is little-endian */
+    params[6] = address_type;
+    int status = ferry_mgmt_command(fd, 0x0014 /* Disconnect */, (uint16_t)dev_id, params, sizeof(params), timeout_ms);
+    close(fd);
+    return status == 0 ? 0 : (status < 0 ? status : -(0x100 + status));
+}
 #endif

@@ -19,6 +19,19 @@ public final class BlueZSyncTransport: SyncTransport {
     public private(set) var mtu: UInt16?
     /// How SYNC_ACKs go out (chosen while subscribing; nil before).
     public private(set) var ackWrite: AckWritePath?
+    /// The last SYNC_ACK if it went out without response: `disconnect()` confirms it before ending the link.
+    private var unconfirmedAck: [UInt8]?
+    /// How the last `disconnect()` ended the link.
+    public private(set) var teardown: Teardown?
+
+    /// How `disconnect()` took the link down.
+    public enum Teardown: String, Sendable {
+        /// The kernel's management Disconnect: immediate.
+        case kernel
+        /// Device1.Disconnect: bluetoothd's DISCONNECT_TIMER (2 s) first. Without CAP_NET_ADMIN, or when the
+        /// kernel had no such link.
+        case bluez
+    }
 
     /// How a SYNC_ACK reaches the peripheral. A lost ACK costs nothing: the next one names a higher cursor,
     /// and a peripheral left waiting is re-asked by the stall rule (SYNC_REQ, which stays a write with
@@ -131,8 +144,10 @@ public final class BlueZSyncTransport: SyncTransport {
             // message through dbus-daemon, its parse, and a wake-up of the session task; the session goes on
             // with the next notification at once. Still in order before any later SYNC_REQ (one connection).
             try control.writeValueWithoutReply(bytes, type: .command)
+            unconfirmedAck = bytes
         case .writeRequest, nil:
             try await control.writeValue(bytes, type: .request)
+            unconfirmedAck = nil
         }
     }
 
@@ -159,10 +174,31 @@ public final class BlueZSyncTransport: SyncTransport {
         }
         await notifications?.stop()
         notifications = nil
-        do {
-            try await device.disconnect()
-        } catch {
-            log.log(.info, "disconnect \(device.path): \(error)")
+        // The kernel's Disconnect does not wait for queued ATT writes: the last SYNC_ACK, sent without response,
+        // is written again with one, so it is known to have reached the peripheral before the link ends (the same
+        // ACK twice is a no-op for the peripheral). A link already gone answers at once.
+        if let ack = unconfirmedAck, await device.isConnected() {
+            unconfirmedAck = nil
+            do {
+                try await control.writeValue(ack, type: .request, timeout: .seconds(2))
+            } catch {
+                log.log(.debug, "confirming the last SYNC_ACK: \(error)")
+            }
+        }
+        switch await device.disconnectThroughKernel() {
+        case .disconnected:
+            teardown = .kernel
+        case .failed(let errno, let status):
+            log.log(
+                .debug,
+                "kernel disconnect of \(device.path) not done (errno \(errno), status \(status.map(String.init) ?? "-")): "
+                    + "Device1.Disconnect")
+            teardown = .bluez
+            do {
+                try await device.disconnect()
+            } catch {
+                log.log(.info, "disconnect \(device.path): \(error)")
+            }
         }
     }
 }

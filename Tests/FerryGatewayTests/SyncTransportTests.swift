@@ -101,6 +101,52 @@ import FerryFakeBlueZ
         await transport.disconnect()
     }
 
+    /// The kernel's Disconnect (the fast teardown) does not wait for queued ATT writes: the last ACK, sent without
+    /// response, is confirmed with one first. This host has no kernel Bluetooth (or no such link), so the link then
+    /// ends through Device1.Disconnect.
+    @Test func disconnectConfirmsTheLastAckWithAResponseBeforeEndingTheLink() async throws {
+        let bus = try TestBus()
+        let (fake, transport) = try await transport(bus, controlFlags: ["write", "write-without-response"])
+        defer { fake.stop() }
+        try await transport.subscribe()
+        let ack = Frame.syncAck(committed: 60).encoded()
+        try await transport.writeAck(ack)
+        try await waitFor("the ACK's WriteValue") { fake.state.withLock { $0.writes.count } == 1 }
+        await transport.disconnect()
+        let writes = fake.state.withLock { $0.writes }
+        #expect(writes.map(\.type) == ["command", "request"])
+        #expect(writes.map(\.bytes) == [ack, ack])
+        #expect(transport.teardown == .bluez)
+        let calls = fake.calls.map { String($0.split(separator: " ")[0]) }
+        let confirm = calls.lastIndex(of: "GattCharacteristic1.WriteValue")
+        let disconnect = calls.firstIndex(of: "Device1.Disconnect")
+        #expect(confirm != nil && disconnect != nil && confirm! < disconnect!, "\(calls)")
+    }
+
+    @Test func noConfirmationWhenTheLastAckHadAResponseOrTheLinkIsDown() async throws {
+        let bus = try TestBus()
+        let (fake, transport) = try await transport(bus, controlFlags: ["write"])
+        defer { fake.stop() }
+        try await transport.subscribe()
+        try await transport.writeAck(Frame.syncAck(committed: 20).encoded())
+        await transport.disconnect()
+        #expect(fake.state.withLock { $0.writes }.map(\.type) == ["request"])
+
+        let bus2 = try TestBus()
+        let (fake2, transport2) = try await self.transport(bus2, controlFlags: ["write", "write-without-response"])
+        defer { fake2.stop() }
+        try await transport2.subscribe()
+        try await transport2.writeAck(Frame.syncAck(committed: 20).encoded())
+        try await waitFor("the ACK's WriteValue") { fake2.state.withLock { $0.writes.count } == 1 }
+        try fake2.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "Connected", DBusValue.bool(false))
+        let deadline = ContinuousClock.now + .seconds(10)
+        while await transport2.device.isConnected(), ContinuousClock.now < deadline {
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        await transport2.disconnect()
+        #expect(fake2.state.withLock { $0.writes }.map { $0.type } == ["command"], "a lost link gets no confirmation")
+    }
+
     @Test func acksKeepTheResponseWhenControlHasNoWriteWithoutResponse() async throws {
         let bus = try TestBus()
         let (fake, transport) = try await transport(bus, controlFlags: ["write"])
