@@ -54,10 +54,20 @@ import Testing
         let turns = LockedValue(0)
         configuration.onProgress = { _ in turns.withLock { $0 += 1 } }
         let forwarder = try OutboxForwarder(databasePath: path, poster: poster, configuration: configuration)
-        let running = Task { try await forwarder.run(untilEmpty: false) }
+        let ended = LockedValue<String?>(nil)
+        let running = Task {
+            do {
+                _ = try await forwarder.run(untilEmpty: false)
+                ended.withLock { $0 = "returned" }
+            } catch {
+                ended.withLock { $0 = "threw \(error)" }
+            }
+        }
         defer { running.cancel() }
         // The forwarder's first turn found nothing and went to sleep (a loaded machine may take a while to start it).
-        #expect(await Self.eventually(within: 20) { turns.withLock { $0 } >= 1 })
+        #expect(await Self.eventually(within: 20) { turns.withLock { $0 } >= 1 || ended.withLock { $0 } != nil })
+        try #require(ended.withLock { $0 } == nil, "the forwarder ended: \(ended.withLock { $0 } ?? "")")
+        try #require(turns.withLock { $0 } >= 1, "no turn of the forwarder within 20 s")
         try await Task.sleep(for: .milliseconds(300))
 
         // Committed without a signal: nothing goes out before the heartbeat (6 s), although idlePollSeconds is 10 ms.
