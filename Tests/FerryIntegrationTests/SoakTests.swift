@@ -28,7 +28,7 @@ struct SoakTests {
             directory: dir.url.appendingPathComponent("device"), configuration: config, faults: faults, seed: seed)
         let gateway = try Gateway(directory: dir)
         var random = SeededGenerator(seed: seed &+ 1)
-        for round in 0..<(rounds * 3) {
+        for round in 0..<(rounds * 6) {
             // Past `rounds`, keep going only until the device has both wiped and regressed mid-burst (the
             // faults are random; the test must not pass by never meeting them).
             let causes = Set(peripheral.generations.map(\.cause))

@@ -66,7 +66,9 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
     /// Pipelined: frames past the batch being committed keep arriving; each commit takes one batch of 20, and an
     /// ACK only ever follows the commit that covers it.
     @Test func pipelinedFramesPastTheBatchAreStagedNotAcknowledged() {
-        var (s, start) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 100))
+        var configuration = SyncSession.Configuration()
+        configuration.window = 40
+        var (s, start) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 100), configuration: configuration)
         #expect(start == [.subscribe, .sendSyncRequest(lastCommitted: 0, window: 40)])
         // 40 frames in one go (the whole window): one commit of 20; 21...40 wait behind it.
         #expect(s.bytesReceived(dataBytes(1...40), now: 1) == [batch(0, 1...20)])
