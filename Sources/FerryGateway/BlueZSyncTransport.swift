@@ -175,14 +175,24 @@ public final class BlueZSyncTransport: SyncTransport {
         await notifications?.stop()
         notifications = nil
         // The kernel's Disconnect does not wait for queued ATT writes: the last SYNC_ACK, sent without response,
-        // is written again with one, so it is known to have reached the peripheral before the link ends (the same
-        // ACK twice is a no-op for the peripheral). A link already gone answers at once.
-        if let ack = unconfirmedAck, await device.isConnected() {
+        // is written again with one, so it is known to have arrived before the link ends (the same ACK twice is
+        // a no-op for the peripheral). Unconfirmed, the link ends the slow way, which leaves bluetoothd's queue
+        // its 2 s (seen in the test bed with three sessions at once: a confirmation that timed out, and the
+        // final ACK lost with the link).
+        if let ack = unconfirmedAck {
             unconfirmedAck = nil
-            do {
-                try await control.writeValue(ack, type: .request, timeout: .seconds(2))
-            } catch {
-                log.log(.debug, "confirming the last SYNC_ACK: \(error)")
+            var confirmed = false
+            if await device.isConnected() {
+                do {
+                    try await control.writeValue(ack, type: .request, timeout: .seconds(3))
+                    confirmed = true
+                } catch {
+                    log.log(.info, "the final SYNC_ACK was not confirmed (\(error)): ending the link through Device1.Disconnect")
+                }
+            }
+            if !confirmed {
+                await disconnectThroughBlueZ()
+                return
             }
         }
         switch await device.disconnectThroughKernel() {
@@ -193,12 +203,16 @@ public final class BlueZSyncTransport: SyncTransport {
                 .debug,
                 "kernel disconnect of \(device.path) not done (errno \(errno), status \(status.map(String.init) ?? "-")): "
                     + "Device1.Disconnect")
-            teardown = .bluez
-            do {
-                try await device.disconnect()
-            } catch {
-                log.log(.info, "disconnect \(device.path): \(error)")
-            }
+            await disconnectThroughBlueZ()
+        }
+    }
+
+    private func disconnectThroughBlueZ() async {
+        teardown = .bluez
+        do {
+            try await device.disconnect()
+        } catch {
+            log.log(.info, "disconnect \(device.path): \(error)")
         }
     }
 }

@@ -145,6 +145,7 @@ import FerryFakeBlueZ
         }
         await transport2.disconnect()
         #expect(fake2.state.withLock { $0.writes }.map { $0.type } == ["command"], "a lost link gets no confirmation")
+        #expect(transport2.teardown == .bluez, "an unconfirmed final ACK: the slow way")
     }
 
     @Test func acksKeepTheResponseWhenControlHasNoWriteWithoutResponse() async throws {
