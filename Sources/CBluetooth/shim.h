@@ -56,11 +56,8 @@ static inline int ferry_mgmt_command(int fd, uint16_t opcode, uint16_t index, co
     }
 }
 
-/* Starts and stops an LE discovery in the kernel for controller hciN (needs CAP_NET_ADMIN). The kernel
- * announces both to every management client, bluetoothd included, which resets its view of whether the
- * controller discovers. Nothing is done when the kernel already discovers (Start answers Busy).
- * Returns 0 (kicked), 1 (the kernel was discovering: nothing done), or -errno / -(0x100 + mgmt status). */
-static inline int ferry_mgmt_discovery_kick(int dev_id) {
+/* A socket on the kernel's management channel (HCI_CHANNEL_CONTROL), or -errno. */
+static inline int ferry_mgmt_open(void) {
     int fd = socket(AF_BLUETOOTH, SOCK_RAW | SOCK_CLOEXEC, BTPROTO_HCI);
     if (fd < 0) return -errno;
     struct sockaddr_hci address;
@@ -73,6 +70,16 @@ static inline int ferry_mgmt_discovery_kick(int dev_id) {
         close(fd);
         return error;
     }
+    return fd;
+}
+
+/* Starts and stops an LE discovery in the kernel for controller hciN (needs CAP_NET_ADMIN). The kernel
+ * announces both to every management client, bluetoothd included, which resets its view of whether the
+ * controller discovers. Nothing is done when the kernel already discovers (Start answers Busy).
+ * Returns 0 (kicked), 1 (the kernel was discovering: nothing done), or -errno / -(0x100 + mgmt status). */
+static inline int ferry_mgmt_discovery_kick(int dev_id) {
+    int fd = ferry_mgmt_open();
+    if (fd < 0) return fd;
     uint8_t type = 0x06; /* LE public and random */
     int status = ferry_mgmt_command(fd, 0x0023 /* Start Discovery */, (uint16_t)dev_id, &type, 1, 5000);
     int result;
@@ -92,18 +99,8 @@ static inline int ferry_mgmt_discovery_kick(int dev_id) {
  * link down, and announces it to every management client (bluetoothd included). `address_type`: 1 LE public,
  * 2 LE random. Returns 0, or -errno / -(0x100 + mgmt status). */
 static inline int ferry_mgmt_disconnect(int dev_id, const uint8_t address[6], uint8_t address_type, int timeout_ms) {
-    int fd = socket(AF_BLUETOOTH, SOCK_RAW | SOCK_CLOEXEC, BTPROTO_HCI);
-    if (fd < 0) return -errno;
-    struct sockaddr_hci bind_address;
-    memset(&bind_address, 0, sizeof(bind_address));
-    bind_address.hci_family = AF_BLUETOOTH;
-    bind_address.hci_dev = HCI_DEV_NONE;
-    bind_address.hci_channel = HCI_CHANNEL_CONTROL;
-    if (bind(fd, (struct sockaddr *)&bind_address, sizeof(bind_address)) < 0) {
-        int error = -errno;
-        close(fd);
-        return error;
-    }
+    int fd = ferry_mgmt_open();
+    if (fd < 0) return fd;
     uint8_t params[7];
     for (int i = 0; i < 6; i++) params[i] = address[5 - i]; /* bdaddr_t is little-endian */
     params[6] = address_type;

@@ -20,13 +20,12 @@ Writes RESULTS/bench-daemon.json and prints one JSON line per N.
 import json
 import os
 import signal
-import shutil
 import subprocess
 import sys
 import time
 
 import bedlib as b
-from bench_guest import HZ, arg, daemon_cpu
+from bench_guest import HZ, arg, daemon_cpu, use_local_copy_of_ferry
 
 
 def process_cpu(pid: int) -> float | None:
@@ -128,10 +127,7 @@ def main() -> int:
     if len(addrs) < sum(counts):
         print(f"bench-daemon: {sum(counts)} peripherals needed, the bed has {len(addrs)}", flush=True)
         return 2
-    # From the guest's own file system, as bench_guest.py does (the 9p share re-reads every page per exec).
-    local = os.path.join(b.scratch(), "ferry")
-    shutil.copy2(b.FERRY, local)
-    b.FERRY = local
+    use_local_copy_of_ferry()
     rows = []
     for i, n in enumerate(counts):
         start = sum(counts[:i])

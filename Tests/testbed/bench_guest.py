@@ -143,6 +143,18 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
     return row
 
 
+def use_local_copy_of_ferry() -> None:
+    """Runs the binary from the guest's own file system, as a gateway runs it from its disk (the .deb installs it
+    there). The guest's root is the host's 9p share, mounted without a page cache: every page of the 79 MB binary
+    an exec touches is read through 9p again. Measured in one boot: `ferry --version` 0.95 s of CPU from the
+    share against 0.37 s from the guest's tmpfs, and the start of a `ferry sync` 1.7–2.4 s against 0.8 s. That
+    was the bed's cost, not Ferry's, charged to every session."""
+    local = os.path.join(b.scratch(), "ferry")
+    shutil.copy2(b.FERRY, local)
+    b.FERRY = local
+    subprocess.run([b.FERRY, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+
 def main() -> int:
     events = int(os.environ["FERRY_TESTBED_EVENTS"])
     # The guest does not inherit the host's environment: the knobs come as arguments.
@@ -158,15 +170,7 @@ def main() -> int:
     if len(addrs) < len(plan):
         print(f"bench: {len(plan)} sessions need as many peripherals, the bed has {len(addrs)}", flush=True)
         return 2
-    # Run the binary from the guest's own file system, as a gateway runs it from its disk (the .deb installs it
-    # there). The guest's root is the host's 9p share, mounted without a page cache: every page of the 79 MB
-    # binary an exec touches is read through 9p again. Measured in one boot: `ferry --version` 0.95 s of CPU
-    # from the share against 0.37 s from the guest's tmpfs, and the start of a `ferry sync` 1.7–2.4 s against
-    # 0.8 s. That was the bed's cost, not Ferry's, charged to every session.
-    local = os.path.join(b.scratch(), "ferry")
-    shutil.copy2(b.FERRY, local)
-    b.FERRY = local
-    subprocess.run([b.FERRY, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    use_local_copy_of_ferry()
     rows = []
     for i, ((name, window, ack), addr) in enumerate(zip(plan, addrs)):
         try:
