@@ -21,6 +21,8 @@ public final class BlueZSyncTransport: SyncTransport {
     public private(set) var ackWrite: AckWritePath?
     /// The last SYNC_ACK if it went out without response: `disconnect()` confirms it before ending the link.
     private var unconfirmedAck: [UInt8]?
+    /// The last SYNC_ACK is known to have arrived (a write with response succeeded).
+    private var lastAckConfirmed = false
     /// How the last `disconnect()` ended the link.
     public private(set) var teardown: Teardown?
 
@@ -145,9 +147,12 @@ public final class BlueZSyncTransport: SyncTransport {
             // with the next notification at once. Still in order before any later SYNC_REQ (one connection).
             try control.writeValueWithoutReply(bytes, type: .command)
             unconfirmedAck = bytes
+            lastAckConfirmed = false
         case .writeRequest, nil:
-            try await control.writeValue(bytes, type: .request)
             unconfirmedAck = nil
+            lastAckConfirmed = false
+            try await control.writeValue(bytes, type: .request)
+            lastAckConfirmed = true
         }
     }
 
@@ -163,7 +168,17 @@ public final class BlueZSyncTransport: SyncTransport {
         return Subscription(notifications: notifications, ackWrite: ackWrite)
     }
 
+    /// How a session's link is ended. The kernel's Disconnect only after a session that ended in order: its DATA
+    /// subscription settled (none still pending) and its final SYNC_ACK confirmed. Cut while an AcquireNotify is
+    /// pending, bluetoothd 5.66 never answers it and keeps DATA's notifications "acquired" for our connection
+    /// (test bed: a session stopped by a reload mid-subscribe, and every later session of that peripheral failed
+    /// with "Notify acquired"); an unconfirmed ACK may still sit in bluetoothd's queue. Device1.Disconnect then.
+    public static func teardown(subscriptionSettled: Bool, finalAckConfirmed: Bool) -> Teardown {
+        subscriptionSettled && finalAckConfirmed ? .kernel : .bluez
+    }
+
     public func disconnect() async {
+        let subscriptionSettled = pending == nil && notifications != nil
         if let pending {
             // Subscribed ahead but never taken (STREAM_INFO unreadable...): released when it completes, without
             // waiting here (on a link whose pairing failed bluetoothd answers AcquireNotify only at its timeout).
@@ -179,21 +194,18 @@ public final class BlueZSyncTransport: SyncTransport {
         // a no-op for the peripheral). Unconfirmed, the link ends the slow way, which leaves bluetoothd's queue
         // its 2 s (seen in the test bed with three sessions at once: a confirmation that timed out, and the
         // final ACK lost with the link).
-        if let ack = unconfirmedAck {
+        if let ack = unconfirmedAck, await device.isConnected() {
             unconfirmedAck = nil
-            var confirmed = false
-            if await device.isConnected() {
-                do {
-                    try await control.writeValue(ack, type: .request, timeout: .seconds(3))
-                    confirmed = true
-                } catch {
-                    log.log(.info, "the final SYNC_ACK was not confirmed (\(error)): ending the link through Device1.Disconnect")
-                }
+            do {
+                try await control.writeValue(ack, type: .request, timeout: .seconds(3))
+                lastAckConfirmed = true
+            } catch {
+                log.log(.info, "the final SYNC_ACK was not confirmed (\(error)): ending the link through Device1.Disconnect")
             }
-            if !confirmed {
-                await disconnectThroughBlueZ()
-                return
-            }
+        }
+        guard Self.teardown(subscriptionSettled: subscriptionSettled, finalAckConfirmed: lastAckConfirmed) == .kernel else {
+            await disconnectThroughBlueZ()
+            return
         }
         switch await device.disconnectThroughKernel() {
         case .disconnected:

@@ -148,6 +148,14 @@ import FerryFakeBlueZ
         #expect(transport2.teardown == .bluez, "an unconfirmed final ACK: the slow way")
     }
 
+    /// The kernel's fast Disconnect only after a session that ended in order; anything else the slow, safe way.
+    @Test func theKernelDisconnectOnlyWithASettledSubscriptionAndAConfirmedFinalAck() {
+        #expect(BlueZSyncTransport.teardown(subscriptionSettled: true, finalAckConfirmed: true) == .kernel)
+        #expect(BlueZSyncTransport.teardown(subscriptionSettled: false, finalAckConfirmed: true) == .bluez)
+        #expect(BlueZSyncTransport.teardown(subscriptionSettled: true, finalAckConfirmed: false) == .bluez)
+        #expect(BlueZSyncTransport.teardown(subscriptionSettled: false, finalAckConfirmed: false) == .bluez)
+    }
+
     @Test func acksKeepTheResponseWhenControlHasNoWriteWithoutResponse() async throws {
         let bus = try TestBus()
         let (fake, transport) = try await transport(bus, controlFlags: ["write"])
