@@ -1,3 +1,4 @@
+import FerryCore
 import FerryDBus
 
 #if canImport(Glibc)
@@ -147,7 +148,7 @@ public actor BlueZDiscovery {
     public func kickIfStale() async {
         guard ledger.active, !kickUnavailable else { return }
         let name = adapter.name
-        let outcome = await Task.detached { DiscoveryKick.kick(adapterName: name) }.value
+        let outcome = await runOnOwnThread(name: "ferry-kick") { DiscoveryKick.kick(adapterName: name) }
         switch outcome {
         case .kicked:
             log?("bluez: \(name) was not scanning although bluetoothd reported discovery running: restarted it through the kernel")

@@ -1,5 +1,5 @@
 import CBluetooth
-import Foundation
+import FerryCore
 
 #if canImport(Glibc)
     import Glibc
@@ -50,18 +50,6 @@ public enum KernelDisconnect {
         default: return .failed(errno: -result, status: nil)
         }
     }
-
-    /// `disconnect` on a thread of its own: it blocks in poll(), which must not hold a cooperative thread.
-    public static func disconnectOffThePool(adapterName: String, address: String, addressType: String) async -> Outcome {
-        await withCheckedContinuation { continuation in
-            let thread = Thread {
-                continuation.resume(
-                    returning: disconnect(adapterName: adapterName, address: address, addressType: addressType))
-            }
-            thread.name = "ferry-disconnect"
-            thread.start()
-        }
-    }
 }
 
 extension BlueZDevice {
@@ -74,8 +62,11 @@ extension BlueZDevice {
         }
         // The adapter is the device's parent object: /org/bluez/hci0/dev_… → hci0.
         let adapterName = path.split(separator: "/").dropLast().last.map(String.init) ?? ""
-        let outcome = await KernelDisconnect.disconnectOffThePool(
-            adapterName: adapterName, address: address, addressType: properties.addressType ?? "public")
+        let addressType = properties.addressType ?? "public"
+        // It blocks in poll() until the controller answers.
+        let outcome = await runOnOwnThread(name: "ferry-disconnect") {
+            KernelDisconnect.disconnect(adapterName: adapterName, address: address, addressType: addressType)
+        }
         if outcome == .disconnected {
             let devicePath = path
             try? await cache.waitUntil(timeout: .seconds(2)) { $0.device(devicePath)?.connected != true }

@@ -1,7 +1,7 @@
 /// A level-triggered wake-up for one waiting loop (the daemon's scheduling loop, the storage watch, the outbox
 /// forwarder): anyone may `signal()` that something changed; the loop's `wait` returns at once if a signal is
-/// pending, else when one comes or its next due time arrives. Signals coalesce: a burst of them costs the loop one turn, and a loop
-/// with nothing due and nothing signalled sleeps (no polling, so an idle daemon uses no CPU).
+/// pending, else when one comes or its next due time arrives. Signals coalesce: a burst of them costs the loop
+/// one turn, and a loop with nothing due and nothing signalled sleeps (no polling, so an idle daemon uses no CPU).
 ///
 /// The loop re-evaluates everything on each turn, so the wake-up carries no payload: what happened is in the
 /// state the loop reads (sessions, signals, the BlueZ object cache).

@@ -440,10 +440,10 @@ public actor GatewayDaemon {
 
     /// HCIDEVDOWN / HCIDEVUP off the actor: the ioctl blocks while the kernel switches the controller.
     private static func kernelSwitch(_ operation: HCIDevice.Operation, adapterName: String) async -> HCIDevice.Failure? {
-        await Task.detached { () -> HCIDevice.Failure? in
+        await runOnOwnThread(name: "ferry-hci-\(operation.rawValue)") { () -> HCIDevice.Failure? in
             do throws(HCIDevice.Failure) { try HCIDevice.set(operation, adapterName: adapterName) } catch { return error }
             return nil
-        }.value
+        }
     }
 
     /// Powers the controller on after the kernel took it down: through bluetoothd, or with the kernel's own

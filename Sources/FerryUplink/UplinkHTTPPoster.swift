@@ -183,17 +183,12 @@ public final class UplinkHTTPPoster: Sendable {
         if let token { headers.append("Authorization: \(token.authorizationHeaderValue)") }
         let request = CurlRequest(url: url, headers: headers, body: wireBody, configuration: configuration)
         let handle = idle.withLock { $0.popLast() }
-        let (response, handleBack) = await withCheckedContinuation {
-            (continuation: CheckedContinuation<(CurlResponse, CurlHandle?), Never>) in
-            // libcurl's easy interface blocks for up to the request timeout: a thread of its own, never a
-            // thread of Swift's cooperative pool.
-            let thread = Thread {
-                let handle = handle ?? CurlHandle()
-                let response = handle.map { $0.perform(request) } ?? CurlResponse(code: CURLE_OUT_OF_MEMORY)
-                continuation.resume(returning: (response, handle))
-            }
-            thread.stackSize = 1 << 20
-            thread.start()
+        // libcurl's easy interface blocks for up to the request timeout.
+        let (response, handleBack) = await runOnOwnThread(name: "ferry-curl", stackSize: 1 << 20) {
+            () -> (CurlResponse, CurlHandle?) in
+            let handle = handle ?? CurlHandle()
+            let response = handle.map { $0.perform(request) } ?? CurlResponse(code: CURLE_OUT_OF_MEMORY)
+            return (response, handle)
         }
         if let handleBack {
             idle.withLock { pool in
