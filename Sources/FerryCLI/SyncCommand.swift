@@ -191,12 +191,13 @@ enum SyncCommand {
                 progress.update("\(address): discovering", force: true)
                 _ = try await client.discover(address: address.string, on: adapter, timeout: settings.waitTimeout)
             }
-        } catch let error as BlueZError
-            where error.kind == .timeout || error.kind == .unknownObject || error.kind == .notFound
-        {
+        } catch let error as BlueZError where error.kind == .unknownObject || error.kind == .notFound {
             throw CommandFailure("device \(address) not found on \(adapter.name): \(error)")
+        } catch let error as BlueZError where error.kind == .timeout {
+            // Waiting for the device ends in .notFound; a timeout is bluetoothd not answering the discovery start.
+            throw CommandFailure("discovery on \(adapter.name) did not start (bluetoothd gave no answer): \(error)")
         } catch {
-            throw CommandFailure("cannot connect to \(address): \(error)")
+            throw CommandFailure("cannot discover \(address) on \(adapter.name): \(error)")
         }
         mark("discovery")
         // bluetoothd restarting mid-sync looks like a plain link loss from the session's side; the cache's

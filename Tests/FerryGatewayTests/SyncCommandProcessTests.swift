@@ -22,9 +22,10 @@ import Testing
     }
 
     /// Runs `ferry sync --json` for the fake's device while answering each SYNC_REQ with DATA up to `head`.
-    func sync(head: UInt64, answer: Bool = true, extra: [String] = [], tree: FakeBlueZ.Tree? = nil) async throws
-        -> (Run, FakeBlueZ)
-    {
+    func sync(
+        head: UInt64, answer: Bool = true, extra: [String] = [], tree: FakeBlueZ.Tree? = nil,
+        configure: (inout FakeBlueZ.State) -> Void = { _ in }
+    ) async throws -> (Run, FakeBlueZ) {
         let bus = try TestBus()
         var tree = tree ?? [:]
         if tree.isEmpty {
@@ -33,7 +34,10 @@ import Testing
             tree.merge(FakeBlueZ.gattObjects()) { $1 }
         }
         let fake = try await FakeBlueZ.start(on: bus, tree: tree)
-        fake.state.withLock { $0.streamInfo = StreamInfo(epoch: 7, oldest: 1, head: head).encoded() }
+        fake.state.withLock {
+            $0.streamInfo = StreamInfo(epoch: 7, oldest: 1, head: head).encoded()
+            configure(&$0)
+        }
         let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-sync-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -156,5 +160,16 @@ import Testing
         #expect(run.stderr.contains("is not a Sync peripheral"), "\(run.stderr)")
         #expect(fake.calls.contains("Device1.Connect \(FakeBlueZ.devicePath)"))
         #expect(fake.calls.contains("Device1.Disconnect \(FakeBlueZ.devicePath)"))
+    }
+
+    @Test func aDiscoveryThatNeverStartsSaysSoRatherThanDeviceNotFound() async throws {
+        // BlueZ does not know the device, so `ferry sync` must discover; bluetoothd never answers StartDiscovery.
+        let (run, fake) = try await sync(head: 10, extra: ["--timeout", "5"], tree: FakeBlueZ.adapterOnly()) {
+            $0.startDiscoveryDelay = .seconds(600)
+        }
+        defer { fake.stop() }
+        #expect(run.status == 1 && run.stdout.isEmpty, "\(run.stdout)")
+        #expect(run.stderr.contains("discovery on hci0 did not start (bluetoothd gave no answer)"), "\(run.stderr)")
+        #expect(!run.stderr.contains("not found"), "\(run.stderr)")
     }
 }
