@@ -1,3 +1,4 @@
+import FerryCore
 import Foundation
 
 /// One row of `outbox_events`.
@@ -372,13 +373,7 @@ extension GatewayStore {
         try store {
             let pages = try database.integer("PRAGMA page_count") ?? 0
             let size = try database.integer("PRAGMA page_size") ?? 4096
-            var wal: Int64 = 0
-            if let attributes = try? FileManager.default.attributesOfItem(atPath: database.path + "-wal"),
-                let bytes = attributes[.size] as? NSNumber
-            {
-                wal = bytes.int64Value
-            }
-            return pages * size + wal
+            return pages * size + (fileSize(atPath: database.path + "-wal") ?? 0)
         }
     }
 }

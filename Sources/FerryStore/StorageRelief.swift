@@ -1,4 +1,5 @@
 import CSQLite
+import FerryCore
 import Foundation
 
 #if canImport(Glibc)
@@ -40,9 +41,7 @@ extension GatewayStore {
         let gib: Int64 = 1 << 30
         var store: Int64 = 0
         for file in [path, path + "-wal"] {
-            if let size = (try? FileManager.default.attributesOfItem(atPath: file))?[.size] as? NSNumber {
-                store += size.int64Value
-            }
+            store += fileSize(atPath: file) ?? 0
         }
         guard let free = freeBytes(near: path) else { return gib }
         let half = free / 2 + store / 2
@@ -139,11 +138,7 @@ extension GatewayStore {
     /// when the file system has no room for it and the free-space floor.
     @discardableResult
     public func ensureReserve(bytes: Int64) -> Bool {
-        if let size = (try? FileManager.default.attributesOfItem(atPath: reservePath))?[.size] as? NSNumber,
-            size.int64Value >= bytes
-        {
-            return true
-        }
+        if let size = fileSize(atPath: reservePath), size >= bytes { return true }
         guard let free = freeBytes(), free >= bytes + GatewayStore.freeSpaceFloorBytes else { return false }
         do {
             try Data(count: Int(bytes)).write(to: URL(fileURLWithPath: reservePath))
