@@ -155,6 +155,12 @@ public struct BlueZGattCharacteristic: Sendable {
         } catch let error as BlueZError where error.kind == .inProgress || error.kind == .alreadyExists {
             // Still notifying from a previous session of this client: the subscription is what we want.
             log?("bluez: StartNotify on \(path): \(error); already notifying")
+        } catch let error as BlueZError where Self.isHeldAcquired(error) {
+            throw BlueZError(
+                kind: error.kind, name: error.name,
+                message: "\(error.message): bluetoothd still holds \(path)'s notifications for an AcquireNotify whose "
+                    + "link ended before it was answered; BlueZ releases them only when bluetoothd restarts "
+                    + "(systemctl restart bluetooth) or the device's services are discovered again")
         }
         let mtu = await self.mtu()
         let characteristic = self
@@ -225,6 +231,15 @@ public struct BlueZGattCharacteristic: Sendable {
             return device
         }
         return path.split(separator: "/").prefix(4).reduce("") { $0 + "/" + $1 }
+    }
+
+    /// bluetoothd's refusal of AcquireNotify and StartNotify while an earlier AcquireNotify holds the notifications.
+    /// Its message is the only thing that tells it from other NotPermitted refusals. In bluetoothd 5.66 an
+    /// AcquireNotify pending when the link ends is never answered nor released (gatt-client.c clears `notify_io`
+    /// only when its socket hangs up, and none was made): for a bonded device, whose services outlive the link,
+    /// every later subscription is refused this way.
+    static func isHeldAcquired(_ error: BlueZError) -> Bool {
+        error.kind == .notPermitted && error.message == "Notify acquired"
     }
 
     /// Errors after which StartNotify is worth trying. Others (device gone, bluetoothd gone) would fail

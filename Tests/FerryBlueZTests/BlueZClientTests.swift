@@ -645,6 +645,34 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    @Test func notificationsHeldAcquiredByBluetoothdAreNamedWithTheWayOut() async throws {
+        let bus = try TestBus()
+        let (fake, _, service) = try await connectedGattFake(bus)
+        let held = DBusError(name: "org.bluez.Error.NotPermitted", message: "Notify acquired")
+        fake.state.withLock {
+            $0.acquireNotifyError = held
+            $0.startNotifyError = held
+        }
+        let data = try await service.requireCharacteristic(uuid: FakeBlueZ.dataUUID)
+        do {
+            _ = try await data.subscribe(preferring: .acquireNotify)
+            Issue.record("subscribed although both paths were refused")
+        } catch let error as BlueZError {
+            #expect(error.kind == .notPermitted)
+            #expect(error.message.hasPrefix("Notify acquired: bluetoothd still holds"), "\(error)")
+            #expect(error.message.contains("systemctl restart bluetooth"), "\(error)")
+        }
+        // Any other refusal of StartNotify passes through as it came.
+        fake.state.withLock { $0.startNotifyError = DBusError(name: "org.bluez.Error.NotPermitted", message: "other") }
+        do {
+            _ = try await data.subscribe(preferring: .acquireNotify)
+            Issue.record("subscribed although both paths were refused")
+        } catch let error as BlueZError {
+            #expect(error.message == "other", "\(error)")
+        }
+        fake.stop()
+    }
+
     @Test func startNotifyStreamDeliversEverythingThenEndsWhenTheLinkDrops() async throws {
         let bus = try TestBus()
         let (fake, _, service) = try await connectedGattFake(bus)

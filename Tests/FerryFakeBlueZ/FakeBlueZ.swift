@@ -23,6 +23,7 @@ public final class FakeBlueZ: Sendable {
         /// Per write in `writes`: the caller asked for no reply (NO_REPLY_EXPECTED).
         public var writesWithoutReply: [Bool] = []
         public var acquireNotifyError: DBusError?
+        public var startNotifyError: DBusError?
         public var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
         public var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
         public var deviceAppearsOnDiscovery = false
@@ -369,6 +370,7 @@ public final class FakeBlueZ: Sendable {
             state.withLock { $0.writePeer = pair[1] }
             return .reply([.unixFD(DBusUnixFD(adopting: pair[0])), .uint16(247)])
         case (BlueZInterface.gattCharacteristic, "StartNotify"):
+            if let error = state.withLock({ $0.startNotifyError }) { return .error(error) }
             try? setProperty(call.path, BlueZInterface.gattCharacteristic, "Notifying", .bool(true))
             return .reply([])
         case (BlueZInterface.gattCharacteristic, "StopNotify"):
