@@ -515,8 +515,8 @@ struct BlueZClientTests {
         let start = ContinuousClock.now
         try fake.removeObject(FakeBlueZ.devicePath)
         let error = await #expect(throws: BlueZError.self) { try await waiter.value }
-        #expect(error?.kind == .unknownObject)
-        #expect(ContinuousClock.now - start < .seconds(5))
+        #expect(error?.kind == .unknownObject)  // the wait's own end would be .timeout
+        #expect(ContinuousClock.now - start < .seconds(15))  // below the 20 s timeout; loose for a shared machine
         fake.stop()
     }
 
