@@ -42,9 +42,10 @@ import Testing
         return try condition()
     }
 
-    /// A forwarder on `newEvents` with the given heartbeat (and a lease long enough not to wake it sooner), running
-    /// until the test ends.
-    struct Running {
+    /// A forwarder on `newEvents` with the given heartbeat (and a lease long enough not to wake it sooner), on a
+    /// store of its own, running until the test lets go of it.
+    final class Running {
+        let directory: URL
         let store: GatewayStore
         let poster = Accepting()
         let wakeup = Wakeup()
@@ -53,7 +54,15 @@ import Testing
         let ended = LockedValue<String?>(nil)
         let task: Task<Void, Never>
 
-        init(directory: URL, heartbeatSeconds: Double) throws {
+        /// Started, and past its first turn.
+        static func started(heartbeatSeconds: Double) async throws -> Running {
+            let running = try Running(heartbeatSeconds: heartbeatSeconds)
+            try await running.firstTurnTaken()
+            return running
+        }
+
+        private init(heartbeatSeconds: Double) throws {
+            directory = try TestSupport.temporaryDirectory()
             let path = directory.appendingPathComponent("ferry.sqlite").path
             store = try GatewayStore(path: path)
             var configuration = ForwarderConfiguration(gatewayID: "test")
@@ -78,9 +87,14 @@ import Testing
             }
         }
 
+        deinit {
+            task.cancel()
+            try? FileManager.default.removeItem(at: directory)
+        }
+
         /// Waits for the forwarder's first turn (it found nothing) and lets it go to sleep. The whole test run
         /// shares two cooperative threads on a 2-core machine, so starting may take a while: the bound is loose.
-        func firstTurnTaken() async throws {
+        private func firstTurnTaken() async throws {
             #expect(await ForwarderWakeTests.eventually(within: 120) { turns.withLock { $0 } >= 1 || ended.withLock { $0 } != nil })
             try #require(ended.withLock { $0 } == nil, "the forwarder ended: \(ended.withLock { $0 } ?? "")")
             try #require(turns.withLock { $0 } >= 1, "no turn of the forwarder within 120 s")
@@ -93,11 +107,7 @@ import Testing
     // tests slower, never wrong.
 
     @Test func withoutASignalTheIdleForwarderWaitsForItsHeartbeatNotItsPollInterval() async throws {
-        let directory = try TestSupport.temporaryDirectory()
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let forwarder = try Running(directory: directory, heartbeatSeconds: 6)
-        defer { forwarder.task.cancel() }
-        try await forwarder.firstTurnTaken()
+        let forwarder = try await Running.started(heartbeatSeconds: 6)
 
         // Committed without a signal: nothing goes out before the heartbeat's turn (6 s after the first), although
         // idlePollSeconds is 10 ms. Measured on the forwarder's side, so a late test task cannot blur it.
@@ -110,12 +120,8 @@ import Testing
     }
 
     @Test func aSignalSendsWhatWasJustCommitted() async throws {
-        let directory = try TestSupport.temporaryDirectory()
-        defer { try? FileManager.default.removeItem(at: directory) }
         // The forwarder's next wake without a signal is an hour away: a post is the signal's doing.
-        let forwarder = try Running(directory: directory, heartbeatSeconds: 3600)
-        defer { forwarder.task.cancel() }
-        try await forwarder.firstTurnTaken()
+        let forwarder = try await Running.started(heartbeatSeconds: 3600)
 
         try Self.commit(forwarder.store, window: 0)
         forwarder.wakeup.signal()
