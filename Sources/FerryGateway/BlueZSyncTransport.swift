@@ -19,10 +19,17 @@ public final class BlueZSyncTransport: SyncTransport {
     public private(set) var mtu: UInt16?
     /// How SYNC_ACKs go out (chosen while subscribing; nil before).
     public private(set) var ackWrite: AckWritePath?
-    /// The last SYNC_ACK if it went out without response: `disconnect()` confirms it before ending the link.
-    private var unconfirmedAck: [UInt8]?
-    /// The last SYNC_ACK is known to have arrived (a write with response succeeded).
-    private var lastAckConfirmed = false
+    /// What is known of the last SYNC_ACK's delivery. `disconnect()` confirms an unconfirmed one before ending
+    /// the link, and uses the kernel's Disconnect only after a confirmed one.
+    private enum LastAck: Equatable {
+        /// None written yet, or the last write with response failed.
+        case none
+        /// Written without response: its bytes, to write once more with one.
+        case unconfirmed([UInt8])
+        /// A write with response succeeded: it arrived.
+        case confirmed
+    }
+    private var lastAck = LastAck.none
     /// How the last `disconnect()` ended the link.
     public private(set) var teardown: Teardown?
 
@@ -146,13 +153,11 @@ public final class BlueZSyncTransport: SyncTransport {
             // message through dbus-daemon, its parse, and a wake-up of the session task; the session goes on
             // with the next notification at once. Still in order before any later SYNC_REQ (one connection).
             try control.writeValueWithoutReply(bytes, type: .command)
-            unconfirmedAck = bytes
-            lastAckConfirmed = false
+            lastAck = .unconfirmed(bytes)
         case .writeRequest, nil:
-            unconfirmedAck = nil
-            lastAckConfirmed = false
+            lastAck = .none
             try await control.writeValue(bytes, type: .request)
-            lastAckConfirmed = true
+            lastAck = .confirmed
         }
     }
 
@@ -194,16 +199,16 @@ public final class BlueZSyncTransport: SyncTransport {
         // a no-op for the peripheral). Unconfirmed, the link ends the slow way, which leaves bluetoothd's queue
         // its 2 s (seen in the test bed with three sessions at once: a confirmation that timed out, and the
         // final ACK lost with the link).
-        if let ack = unconfirmedAck, await device.isConnected() {
-            unconfirmedAck = nil
+        if case .unconfirmed(let ack) = lastAck, await device.isConnected() {
+            lastAck = .none
             do {
                 try await control.writeValue(ack, type: .request, timeout: .seconds(3))
-                lastAckConfirmed = true
+                lastAck = .confirmed
             } catch {
                 log.log(.info, "the final SYNC_ACK was not confirmed (\(error)): ending the link through Device1.Disconnect")
             }
         }
-        guard Self.teardown(subscriptionSettled: subscriptionSettled, finalAckConfirmed: lastAckConfirmed) == .kernel else {
+        guard Self.teardown(subscriptionSettled: subscriptionSettled, finalAckConfirmed: lastAck == .confirmed) == .kernel else {
             await disconnectThroughBlueZ()
             return
         }
