@@ -31,7 +31,8 @@ def scenario_bulk(c: b.Checks, addr: str, db: str) -> None:
     c.note(f"first sync: {j.get('frames_stored')} frames in {j.get('duration_seconds')} s via "
            f"{j.get('notify_path')} MTU {j.get('mtu')}; duplicates {j.get('duplicates')}, corrupt {j.get('corrupt')}")
     c.check("1 JSON reports 5000 frames stored, 0 gaps", j.get("frames_stored") == EVENTS and j.get("gaps") == 0, str(j))
-    s = b.stats(addr)
+    # The final SYNC_ACK precedes the disconnection: stats that show the disconnection show that ACK too.
+    s = b.stats_when(addr, lambda st: st["disconnections"] >= 1 and st["connected"] == 0)
     epoch = int(s["epoch"])
     store = b.Store(db)
     streams = store.streams(addr)
@@ -48,7 +49,7 @@ def scenario_bulk(c: b.Checks, addr: str, db: str) -> None:
     sent_before = s["frames_sent"]
     r2 = b.ferry(b.sync_args(addr, db, timeout=60), limit=90)
     j2 = r2.json or {}
-    s2 = b.stats(addr)
+    s2 = b.stats_when(addr, lambda st: st["disconnections"] > s["disconnections"] and st["connected"] == 0)
     store = b.Store(db)
     c.check("1 second sync: caught up, 0 frames stored, nothing sent",
             r2.rc == 0 and j2.get("frames_stored") == 0 and j2.get("cursor") == str(EVENTS)
