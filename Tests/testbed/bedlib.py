@@ -196,6 +196,20 @@ def sync_args(address: str, db: str, *extra: str, timeout: int = 120) -> list[st
             *extra]
 
 
+def bed_venv_python() -> str:
+    """The bed's bumble venv python: the one scripts/testbed wrote into bed.conf (TESTBED_STATE_DIR may
+    point anywhere), else the default state dir's."""
+    venv = os.path.join(ROOT, ".testbed", "venv")
+    try:
+        with open(os.path.join(results_dir(), "bed.conf")) as f:
+            for line in f:
+                if line.startswith("TB_VENV="):
+                    venv = line.strip().split("=", 1)[1]
+    except OSError:
+        pass
+    return os.path.join(venv, "bin", "python")
+
+
 # ---------------------------------------------------------------- peripherals
 
 def stats(address: str) -> dict:

@@ -127,7 +127,7 @@ def scenario_errors(c: b.Checks, db: str) -> None:
     # A device that advertises the Sync UUID but has no Sync service, on its own adapter hci1.
     ready = os.path.join(b.scratch(), "foreign.ready")
     foreign_addr = "C0:FF:EE:00:0F:01"
-    venv_python = os.path.join(b.ROOT, ".testbed", "venv", "bin", "python")
+    venv_python = b.bed_venv_python()
     log = open(os.path.join(b.results_dir(), "foreign-peripheral.log"), "w")
     foreign = subprocess.Popen([venv_python, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                           "foreign_peripheral.py"), foreign_addr, ready],

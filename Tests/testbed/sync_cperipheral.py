@@ -123,7 +123,7 @@ def check_linux_content(c: b.Checks, label: str, db: str, epoch: str, last: int)
 def scenario_linux_peripheral(c: b.Checks, procs: list[subprocess.Popen]) -> None:
     """Appends every process it starts to procs (the caller stops them, also after a crash)."""
     ready = os.path.join(b.scratch(), "vhci-pair.ready")
-    pair = subprocess.Popen([bed_venv_python(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "vhci_pair.py"),
+    pair = subprocess.Popen([b.bed_venv_python(), os.path.join(os.path.dirname(os.path.abspath(__file__)), "vhci_pair.py"),
                              ready], stdout=open(os.path.join(b.results_dir(), "vhci-pair.log"), "w"),
                             stderr=subprocess.STDOUT)
     procs.append(pair)
@@ -161,20 +161,6 @@ def scenario_linux_peripheral(c: b.Checks, procs: list[subprocess.Popen]) -> Non
             r.rc == 0 and j.get("epoch") == epoch and j.get("cursor") == "500" and j.get("frames_stored") == 200,
             r.brief())
     check_linux_content(c, "5", db, epoch, 500)
-
-
-def bed_venv_python() -> str:
-    """The bed's bumble venv python: the one scripts/testbed wrote into bed.conf (TESTBED_STATE_DIR may
-    point anywhere), else the default state dir's."""
-    venv = os.path.join(b.ROOT, ".testbed", "venv")
-    try:
-        with open(os.path.join(b.results_dir(), "bed.conf")) as f:
-            for line in f:
-                if line.startswith("TB_VENV="):
-                    venv = line.strip().split("=", 1)[1]
-    except OSError:
-        pass
-    return os.path.join(venv, "bin", "python")
 
 
 def guest() -> int:
