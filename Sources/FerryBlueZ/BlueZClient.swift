@@ -100,15 +100,20 @@ public final class BlueZClient: Sendable {
     /// main loop is idle, which a flood of advertising reports can postpone past any timeout (measured in the
     /// test bed: 7–20 s, sometimes longer than the whole discovery). So each window that ends without the
     /// device asks for bluetoothd's tree (`BlueZDiscovery.catchUp`), which sees it however late the signals are.
+    ///
+    /// `startTimeout`: how long bluetoothd may take to start the discovery. By default the whole wait, and at
+    /// least `BlueZDiscovery.defaultStartTimeout`: a busy controller answers late, and a late start is still a
+    /// start. A caller with a hard deadline of its own (`ferry sync --timeout`) passes what is left of it.
     public func discover(
-        address: String, on adapter: BlueZAdapter, timeout: Duration, window: Duration = discoveryWindow
+        address: String, on adapter: BlueZAdapter, timeout: Duration, startTimeout: Duration? = nil,
+        window: Duration = discoveryWindow
     ) async throws -> BlueZDevice {
         if let known = await knownDevice(address: address, on: adapter) { return known }
         let discovery = discovery(on: adapter)
         let clock = ContinuousClock()
         let deadline = clock.now + timeout
-        // Starting may use the whole wait: a busy controller answers late, and a late start is still a start.
-        let lease = try await discovery.acquire(startTimeout: max(BlueZDiscovery.defaultStartTimeout, timeout))
+        let lease = try await discovery.acquire(
+            startTimeout: startTimeout ?? max(BlueZDiscovery.defaultStartTimeout, timeout))
         let probe: @Sendable (BlueZObjects) -> String? = { Self.devicePath(address: address, adapter: adapter, in: $0) }
         do {
             while true {
@@ -134,7 +139,6 @@ public final class BlueZClient: Sendable {
         }
         await lease.release()
         // Whole seconds: "19.68951243 seconds" (Duration's description) reads like noise in a one-line error.
-        let seconds = Double(timeout.components.seconds) + Double(timeout.components.attoseconds) / 1e18
-        throw BlueZError.notFound("device \(address) not seen within \(Int(seconds.rounded())) s of discovery")
+        throw BlueZError.notFound("device \(address) not seen within \(Int(timeout.inSeconds.rounded())) s of discovery")
     }
 }

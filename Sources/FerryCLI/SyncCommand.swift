@@ -155,8 +155,7 @@ enum SyncCommand {
         let deadline = started + .milliseconds(Int64(timeout * 1000))
         func remaining() -> Duration { max(.milliseconds(100), deadline - ContinuousClock.now) }
         func seconds() -> Double {
-            let d = ContinuousClock.now - started
-            return Double(d.components.seconds) + Double(d.components.attoseconds) / 1e18
+            (ContinuousClock.now - started).inSeconds
         }
 
         progress.update("\(address): connecting", force: true)
@@ -186,16 +185,21 @@ enum SyncCommand {
         settings.deadline = deadline
         // No discovery when BlueZ already has the device object: it only costs time (and radio).
         let discoveryNeeded = await client.knownDevice(address: address.string, on: adapter) == nil
+        // bluetoothd may take its time to start a discovery, but not beyond --timeout.
+        let startTimeout = min(remaining(), max(BlueZDiscovery.defaultStartTimeout, settings.waitTimeout))
         do {
             if discoveryNeeded {
                 progress.update("\(address): discovering", force: true)
-                _ = try await client.discover(address: address.string, on: adapter, timeout: settings.waitTimeout)
+                _ = try await client.discover(
+                    address: address.string, on: adapter, timeout: settings.waitTimeout, startTimeout: startTimeout)
             }
         } catch let error as BlueZError where error.kind == .unknownObject || error.kind == .notFound {
             throw CommandFailure("device \(address) not found on \(adapter.name): \(error)")
         } catch let error as BlueZError where error.kind == .timeout {
             // Waiting for the device ends in .notFound; a timeout is bluetoothd not answering the discovery start.
-            throw CommandFailure("discovery on \(adapter.name) did not start (bluetoothd gave no answer): \(error)")
+            throw CommandFailure(
+                "discovery on \(adapter.name) did not start (bluetoothd gave no answer): no answer to the discovery start "
+                    + "within \(startTimeout.wholeSecondsRoundedUp) s: \(error)")
         } catch {
             throw CommandFailure("cannot discover \(address) on \(adapter.name): \(error)")
         }

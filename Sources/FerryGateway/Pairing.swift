@@ -132,7 +132,7 @@ public struct PeripheralPairing: Sendable {
         let elapsed = ContinuousClock.now - started
         return Result(
             address: identity, addressType: addressType, name: name, method: method, bonded: bonded,
-            seconds: Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18)
+            seconds: elapsed.inSeconds)
     }
 
     /// Device1.Pair, done when BlueZ reports the bond. Two things seen with bluetoothd 5.66 in the test bed:

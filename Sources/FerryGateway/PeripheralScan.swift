@@ -76,7 +76,7 @@ public enum PeripheralScan {
                 let objects = await client.objects.snapshot
                 found = inRange(objects, adapterPath: adapter.path, heard: heardNow(objects))
                 let left = end - clock.now
-                progress(found.count, max(0, Double(left.components.seconds) + Double(left.components.attoseconds) / 1e18))
+                progress(found.count, max(0, left.inSeconds))
                 try await Task.sleep(for: min(.milliseconds(500), max(.zero, left)))
             }
             // bluetoothd may not have announced what it found yet (its signals and its answers wait for an idle

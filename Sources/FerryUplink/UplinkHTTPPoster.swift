@@ -166,8 +166,7 @@ public final class UplinkHTTPPoster: Sendable {
             attempt = await send(body: body, compress: false, idempotencyKey: idempotencyKey, token: token)
         }
         let elapsed = ContinuousClock.now - started
-        attempt.elapsedSeconds =
-            Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        attempt.elapsedSeconds = elapsed.inSeconds
         return attempt
     }
 

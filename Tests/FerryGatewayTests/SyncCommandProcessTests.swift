@@ -172,4 +172,17 @@ import Testing
         #expect(run.stderr.contains("discovery on hci0 did not start (bluetoothd gave no answer)"), "\(run.stderr)")
         #expect(!run.stderr.contains("not found"), "\(run.stderr)")
     }
+
+    @Test func aDiscoveryThatNeverStartsIsWaitedForNoLongerThanTimeout() async throws {
+        // bluetoothd's start may take 10 s by default, but --timeout is the user's bound on the whole command.
+        // The message names the start wait actually used (what is left of --timeout, rounded up), so this checks
+        // the bound that was applied, not how fast this machine is.
+        let (run, fake) = try await sync(head: 10, extra: ["--timeout", "4"], tree: FakeBlueZ.adapterOnly()) {
+            $0.startDiscoveryDelay = .seconds(600)
+        }
+        defer { fake.stop() }
+        #expect(run.status == 1 && run.stdout.isEmpty, "\(run.stdout)")
+        let bound = run.stderr.firstMatch(of: /no answer to the discovery start within (\d+) s/).flatMap { Int($0.1) }
+        #expect(bound != nil && bound! <= 4, "\(run.stderr)")
+    }
 }
