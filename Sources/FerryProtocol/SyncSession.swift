@@ -280,11 +280,16 @@ public struct SyncSession: Sendable {
         // GAP over events the peripheral still has (the SYNC_REQ carries the committed cursor anyway).
         let reRequestFollows = afterCommit == .resolveGap || afterCommit == .requestFromCursor
         if batch.acknowledge && phase != .closed && !reRequestFollows {
+            // A grouped batch is acknowledged at each of its cadence boundaries, as if committed one cadence
+            // at a time: the peripheral sees the same ACKs, only sooner. Never above what the store reported.
+            for boundary in cadenceBoundaries(of: batch) where boundary < cursor {
+                actions += acknowledge(boundary, now: now)
+            }
             actions += acknowledge(cursor, now: now)
         }
         let mustFlush = phase != .streaming || afterCommit != .nothing || stopping || replayComplete
         if !staged.isEmpty && (staged.count >= configuration.ackBatch || mustFlush) {
-            actions += commitStaged(acknowledge: phase != .closed && !reRequestFollows)
+            actions += commitStaged(acknowledge: phase != .closed && !reRequestFollows, grouping: !mustFlush)
             return actions
         }
         let next = afterCommit
@@ -515,9 +520,17 @@ public struct SyncSession: Sendable {
         return stagedCursor >= head
     }
 
-    private mutating func commitStaged(acknowledge: Bool) -> [SyncAction] {
+    /// `grouping`: several cadences' worth are staged because frames kept arriving while the last commit ran
+    /// (the store is slower than the air): commit all whole cadences in one transaction instead of one
+    /// transaction each. What a transaction costs (locks, WAL frames, fsync) is per commit, not per frame, so a
+    /// gateway that falls behind catches up instead of falling further behind. Not for a gap (its batch is
+    /// special) nor when flushing.
+    private mutating func commitStaged(acknowledge: Bool, grouping: Bool = false) -> [SyncAction] {
         precondition(commitInFlight == nil)
-        let count = min(staged.count, configuration.ackBatch)
+        let cadence = max(1, configuration.ackBatch)
+        let count =
+            grouping && stagedGap == nil && staged.count >= 2 * cadence
+            ? staged.count / cadence * cadence : min(staged.count, cadence)
         let frames = Array(staged.prefix(count))
         staged.removeFirst(count)
         let gap = stagedGap
@@ -537,6 +550,13 @@ public struct SyncSession: Sendable {
         afterCommit = next
         // The SYNC_REQ that follows names the new cursor; an ACK before it would only open the old window.
         return commitStaged(acknowledge: false)
+    }
+
+    /// The seqs at which a batch of more than one cadence crosses a cadence boundary, its last frame excluded.
+    private func cadenceBoundaries(of batch: CommitBatch) -> [UInt64] {
+        let cadence = max(1, configuration.ackBatch)
+        guard batch.gap == nil, batch.frames.count > cadence else { return [] }
+        return stride(from: cadence - 1, to: batch.frames.count - 1, by: cadence).map { batch.frames[$0].seq }
     }
 
     private mutating func acknowledge(_ cursor: UInt64, now: Double) -> [SyncAction] {

@@ -78,6 +78,23 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.statistics.acks == 2 && s.statistics.committedFrames == 40)
     }
 
+    /// A store slower than the air: while one commit runs, several cadences' worth arrive. They go into ONE
+    /// transaction (whole cadences only; the rest waits), and the ACKs after it are those of committing them one
+    /// cadence at a time, in order, none above the stored cursor.
+    @Test func cadencesThatPiledUpDuringACommitAreCommittedTogether() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 200))
+        #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
+        #expect(s.bytesReceived(dataBytes(21...85), now: 1.01) == [])
+        #expect(s.commitFinished(cursor: 20, now: 1.02) == [.sendSyncAck(20), batch(20, 21...80)])
+        #expect(s.commitFinished(cursor: 80, now: 1.03) == [.sendSyncAck(40), .sendSyncAck(60), .sendSyncAck(80)])
+        #expect(s.statistics.commits == 2 && s.statistics.acks == 4 && s.statistics.committedFrames == 80)
+        // 81...85 are less than a cadence: they wait for more, as any partial batch does.
+        #expect(s.bytesReceived(dataBytes(86...100), now: 1.04) == [batch(80, 81...100)])
+        // Less than two cadences behind: one cadence per commit, as without grouping.
+        #expect(s.bytesReceived(dataBytes(101...130), now: 1.05) == [])
+        #expect(s.commitFinished(cursor: 100, now: 1.06) == [.sendSyncAck(100), batch(100, 101...120)])
+    }
+
     @Test func duplicatesAreDroppedAndCounted() {
         var (s, start) = startedSession(cursor: 10, streamInfo: info(oldest: 1, head: 30))
         #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: Frame.defaultWindow)])
