@@ -97,13 +97,18 @@ extension DBusValue {
         switch self {
         case .unixFD: return true
         case .array(let element, let values):
-            return (element.contains("h") || element.contains("v")) && values.contains { $0.containsUnixFD }
+            return Self.mayHoldUnixFD(element) && values.contains { $0.containsUnixFD }
         case .dict(_, let valueSignature, let entries):
-            return (valueSignature.contains("h") || valueSignature.contains("v"))
-                && entries.contains { $0.value.containsUnixFD }
+            return Self.mayHoldUnixFD(valueSignature) && entries.contains { $0.value.containsUnixFD }
         case .structure(let fields): return fields.contains { $0.containsUnixFD }
         case .variant(let inner): return inner.containsUnixFD
         default: return false
         }
+    }
+
+    /// Whether values of this signature can carry an fd (`h`, or a variant). Byte by byte: it runs for every
+    /// outgoing message (each SYNC_ACK), and String.contains with Foundation loaded is a locale-aware search.
+    private static func mayHoldUnixFD(_ signature: String) -> Bool {
+        signature.utf8.contains { $0 == UInt8(ascii: "h") || $0 == UInt8(ascii: "v") }
     }
 }
