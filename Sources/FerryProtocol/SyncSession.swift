@@ -520,17 +520,22 @@ public struct SyncSession: Sendable {
         return stagedCursor >= head
     }
 
+    /// Frames per commit and ACK (`ackBatch`; at least 1 whatever a caller configured).
+    private var cadence: Int { max(1, configuration.ackBatch) }
+
     /// `grouping`: several cadences' worth are staged because frames kept arriving while the last commit ran
-    /// (the store is slower than the air): commit all whole cadences in one transaction instead of one
-    /// transaction each. What a transaction costs (locks, WAL frames, fsync) is per commit, not per frame, so a
-    /// gateway that falls behind catches up instead of falling further behind. Not for a gap (its batch is
-    /// special) nor when flushing.
+    /// (the store is slower than the air): commit whole cadences, up to one window's worth, in one transaction
+    /// instead of one transaction each. What a transaction costs (locks, WAL frames, fsync) is per commit, not
+    /// per frame, so a gateway that falls behind catches up instead of falling further behind. The window bounds
+    /// the transaction even when a peripheral sends past it. Not for a gap (its batch is special) nor when
+    /// flushing.
     private mutating func commitStaged(acknowledge: Bool, grouping: Bool = false) -> [SyncAction] {
         precondition(commitInFlight == nil)
-        let cadence = max(1, configuration.ackBatch)
+        let cadence = self.cadence
+        let groupable = min(staged.count, max(Int(configuration.window), cadence))
         let count =
-            grouping && stagedGap == nil && staged.count >= 2 * cadence
-            ? staged.count / cadence * cadence : min(staged.count, cadence)
+            grouping && stagedGap == nil && groupable >= 2 * cadence
+            ? groupable / cadence * cadence : min(staged.count, cadence)
         let frames = Array(staged.prefix(count))
         staged.removeFirst(count)
         let gap = stagedGap
@@ -554,7 +559,6 @@ public struct SyncSession: Sendable {
 
     /// The seqs at which a batch of more than one cadence crosses a cadence boundary, its last frame excluded.
     private func cadenceBoundaries(of batch: CommitBatch) -> [UInt64] {
-        let cadence = max(1, configuration.ackBatch)
         guard batch.gap == nil, batch.frames.count > cadence else { return [] }
         return stride(from: cadence - 1, to: batch.frames.count - 1, by: cadence).map { batch.frames[$0].seq }
     }

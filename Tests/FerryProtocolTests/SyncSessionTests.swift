@@ -95,6 +95,18 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.commitFinished(cursor: 100, now: 1.06) == [.sendSyncAck(100), batch(100, 101...120)])
     }
 
+    /// A peripheral that ignores the window cannot make one transaction larger than a window's worth: the rest
+    /// stays staged for the next commit.
+    @Test func aGroupedCommitIsBoundedByTheWindow() {
+        var configuration = SyncSession.Configuration()
+        configuration.window = 40
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 300), configuration: configuration)
+        #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
+        #expect(s.bytesReceived(dataBytes(21...130), now: 1.01) == [])
+        #expect(s.commitFinished(cursor: 20, now: 1.02) == [.sendSyncAck(20), batch(20, 21...60)])
+        #expect(s.commitFinished(cursor: 60, now: 1.03) == [.sendSyncAck(40), .sendSyncAck(60), batch(60, 61...100)])
+    }
+
     @Test func duplicatesAreDroppedAndCounted() {
         var (s, start) = startedSession(cursor: 10, streamInfo: info(oldest: 1, head: 30))
         #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: Frame.defaultWindow)])
