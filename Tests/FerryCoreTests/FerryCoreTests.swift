@@ -55,3 +55,18 @@ import Testing
         #expect(Backoff.ceiling(base: .seconds(3600), cap: .seconds(Int64.max), doublings: 1000) == .seconds(3600) * (1 << 30))
     }
 }
+
+@Suite struct DurationSecondsTests {
+    @Test func secondsAndWholeSecondsRoundedUp() {
+        #expect(Duration.milliseconds(4_600).inSeconds == 4.6)
+        #expect(Duration.milliseconds(4_600).wholeSecondsRoundedUp == 5)
+        #expect(Duration.seconds(4).wholeSecondsRoundedUp == 4)
+        #expect(Duration.milliseconds(-1_500).wholeSecondsRoundedUp == -1)
+    }
+
+    @Test func wholeSecondsOfDurationsBeyondIntAreClampedNotATrap() {
+        let huge = Duration.seconds(Int64.max) * 4
+        #expect(huge.wholeSecondsRoundedUp == Int.max)
+        #expect((Duration.zero - huge).wholeSecondsRoundedUp == Int.min)
+    }
+}
