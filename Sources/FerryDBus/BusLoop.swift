@@ -508,7 +508,8 @@ final class BusLoop {
         }
         let call = DBusMethodCall(
             sender: sender, path: path, interface: string(dbus_message_get_interface(message)),
-            member: string(dbus_message_get_member(message)), arguments: arguments, noReplyExpected: noReply)
+            member: string(dbus_message_get_member(message)), arguments: arguments, noReplyExpected: noReply,
+            serial: serial)
         let mailbox = self.mailbox
         // The handler may await; run it off this thread and post the answer back as a command.
         Task {

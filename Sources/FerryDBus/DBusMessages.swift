@@ -53,6 +53,9 @@ public struct DBusMethodCall: Sendable {
     public var arguments: [DBusValue]
     /// True when the caller asked for no reply; the handler's result is then dropped.
     public var noReplyExpected: Bool
+    /// The caller's serial for this message. Each call is handled in a task of its own, so handlers may run in
+    /// any order; one sender's serials give the order it sent them in.
+    public var serial: UInt32
 
     public var signature: String { arguments.map(\.signature).joined() }
 }

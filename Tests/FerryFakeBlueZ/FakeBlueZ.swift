@@ -19,7 +19,10 @@ public final class FakeBlueZ: Sendable {
         public var calls: [String] = []  // "Interface.Member path" in arrival order
         public var connectScript: [DBusError?] = []  // popped per Connect; nil = success
         public var discoveryFilter: [String: DBusValue] = [:]
-        public var writes: [(bytes: [UInt8], type: String)] = []
+        /// WriteValue calls in the order the client sent them (by D-Bus serial: the fake handles each call in a
+        /// task of its own, so the order handlers run in is not the wire's). A write that overtook an earlier
+        /// one is put back behind it, so an index seen once can later hold an earlier write: follow by serial.
+        public var writes: [(bytes: [UInt8], type: String, serial: UInt32)] = []
         /// Per write in `writes`: the caller asked for no reply (NO_REPLY_EXPECTED).
         public var writesWithoutReply: [Bool] = []
         public var acquireNotifyError: DBusError?
@@ -348,8 +351,9 @@ public final class FakeBlueZ: Sendable {
             let bytes = call.arguments.first?.bytes ?? []
             let type = call.arguments.count > 1 ? (call.arguments[1].dictionary?["type"]?.string ?? "") : ""
             state.withLock {
-                $0.writes.append((bytes, type))
-                $0.writesWithoutReply.append(call.noReplyExpected)
+                let index = $0.writes.lastIndex { $0.serial < call.serial }.map { $0 + 1 } ?? 0
+                $0.writes.insert((bytes, type, call.serial), at: index)
+                $0.writesWithoutReply.insert(call.noReplyExpected, at: index)
             }
             return .reply([])
         case (BlueZInterface.gattCharacteristic, "AcquireNotify"):

@@ -44,10 +44,11 @@ import Testing
 
         // The peripheral: every SYNC_REQ written is answered with the window's frames, one per notification.
         let peripheral = Task {
-            var answered = 0
+            var answered: Set<UInt32> = []
             while !Task.isCancelled {
                 let writes = fake.state.withLock { $0.writes }
-                for write in writes.dropFirst(answered) {
+                for write in writes where !answered.contains(write.serial) {
+                    answered.insert(write.serial)
                     var decoder = FrameDecoder()
                     decoder.feed(write.bytes) { frame in
                         guard answer, frame.type == .syncRequest, let window = frame.requestedWindow else { return }
@@ -58,7 +59,6 @@ import Testing
                         }
                     }
                 }
-                answered = writes.count
                 try? await Task.sleep(for: .milliseconds(5))
             }
         }

@@ -89,13 +89,17 @@ import FerryFakeBlueZ
         #expect(writes.map(\.type) == ["request", "command"])
         #expect(writes.map(\.bytes) == [request, ack])
         #expect(fake.state.withLock { $0.writesWithoutReply } == [false, true])
-        // A SYNC_REQ right behind a reply-less ACK still gets its reply (the fake answers each call in a task of
-        // its own, so the arrival order it records is not the wire's: not checked here).
+        // A SYNC_REQ right behind a reply-less ACK still gets its reply, and goes out after it.
         let ack2 = Frame.syncAck(committed: 40).encoded()
         try await transport.writeAck(ack2)
         try await transport.writeControl(request)
         try await waitFor("the second ACK") { fake.state.withLock { $0.writes.count } == 4 }
-        #expect(fake.state.withLock { $0.writes.filter { $0.type == "command" }.map(\.bytes) }.sorted { $0.lexicographicallyPrecedes($1) } == [ack, ack2])
+        #expect(fake.state.withLock { $0.writes.map(\.bytes) } == [request, ack, ack2, request])
+        // ACKs sent back to back (a grouped commit's cadence boundaries) are seen in the order they were sent.
+        let burst = (41...100).map { Frame.syncAck(committed: UInt64($0)).encoded() }
+        for bytes in burst { try await transport.writeAck(bytes) }
+        try await waitFor("the burst of ACKs") { fake.state.withLock { $0.writes.count } == 4 + burst.count }
+        #expect(fake.state.withLock { $0.writes.dropFirst(4).map(\.bytes) } == burst)
         // Nothing holds CONTROL's write socket: bluetoothd would refuse the SYNC_REQ's WriteValue then.
         #expect(!fake.calls.contains { $0.hasPrefix("GattCharacteristic1.AcquireWrite") })
         await transport.disconnect()
