@@ -139,6 +139,6 @@ public final class BlueZClient: Sendable {
         }
         await lease.release()
         // Whole seconds: "19.68951243 seconds" (Duration's description) reads like noise in a one-line error.
-        throw BlueZError.notFound("device \(address) not seen within \(Int(timeout.inSeconds.rounded())) s of discovery")
+        throw BlueZError.notFound("device \(address) not seen within \(timeout.wholeSecondsRoundedUp) s of discovery")
     }
 }
