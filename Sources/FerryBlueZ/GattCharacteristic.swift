@@ -242,6 +242,12 @@ public struct BlueZGattCharacteristic: Sendable {
         error.kind == .notPermitted && error.message == "Notify acquired"
     }
 
+    /// bluetoothd refuses a WriteValue because a client holds the characteristic's AcquireWrite socket
+    /// (gatt-client.c: NotPermitted "Write acquired"); it gives nothing but this text to tell it apart.
+    public static func isWriteAcquired(_ error: BlueZError) -> Bool {
+        error.kind == .notPermitted && error.message == "Write acquired"
+    }
+
     /// Errors after which StartNotify is worth trying. Others (device gone, bluetoothd gone) would fail
     /// the same way on the other path.
     static func shouldFallBack(from error: BlueZError) -> Bool {

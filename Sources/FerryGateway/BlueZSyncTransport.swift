@@ -3,6 +3,10 @@ import FerryDBus
 import FerryProtocol
 import FerrySync
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// The Sync service of one connected peripheral, over BlueZ. Notifications are pushed into the driver's
 /// event stream so bytes, link loss, timers and stop requests reach the session in one order.
 public final class BlueZSyncTransport: SyncTransport {
@@ -19,6 +23,15 @@ public final class BlueZSyncTransport: SyncTransport {
     public private(set) var mtu: UInt16?
     /// How SYNC_ACKs go out (chosen while subscribing; nil before).
     public private(set) var ackWrite: AckWritePath?
+    /// CONTROL's AcquireWrite socket while this session holds it (`.writeCommand` only): each SYNC_ACK is one
+    /// send() on it, no D-Bus message through dbus-daemon. Released before every write with response (see
+    /// `releaseAckSocket`).
+    private var ackSocket: DBusUnixFD?
+    /// AcquireWrite was refused or its socket failed: the rest of the session's ACKs go as WriteValue commands.
+    private var ackSocketUnavailable = false
+    /// This session has held the write socket: a "Write acquired" refusal may be bluetoothd not having seen
+    /// our close yet.
+    private var heldAckSocket = false
     /// What is known of the last SYNC_ACK's delivery. `disconnect()` confirms an unconfirmed one before ending
     /// the link, and uses the kernel's Disconnect only after a confirmed one.
     private enum LastAck: Equatable {
@@ -44,11 +57,10 @@ public final class BlueZSyncTransport: SyncTransport {
 
     /// How a SYNC_ACK reaches the peripheral. A lost ACK costs nothing: the next one names a higher cursor,
     /// and a peripheral left waiting is re-asked by the stall rule (SYNC_REQ, which stays a write with
-    /// response). So ACKs are written without response when CONTROL allows it. Not through AcquireWrite:
-    /// while a client holds CONTROL's write socket, bluetoothd 5.66 refuses every WriteValue on it ("Write
-    /// acquired", seen in the test bed), and SYNC_REQ must keep its response.
+    /// response). So ACKs are written without response when CONTROL allows it.
     public enum AckWritePath: String, Sendable {
-        /// WriteValue type "command": write-without-response, sent as a D-Bus call without reply.
+        /// Write-without-response: through CONTROL's AcquireWrite socket, or as a WriteValue command (a D-Bus
+        /// call without reply) when the socket cannot be had.
         case writeCommand
         /// WriteValue type "request": CONTROL lacks write-without-response.
         case writeRequest
@@ -142,17 +154,80 @@ public final class BlueZSyncTransport: SyncTransport {
 
     public func writeControl(_ bytes: [UInt8]) async throws {
         // Write with response: a lost SYNC_REQ shows up as an error instead of silence.
-        try await control.writeValue(bytes, type: .request)
+        try await writeWithResponse(bytes, timeout: nil)
+    }
+
+    /// WriteValue with response, after giving back CONTROL's write socket: while a client holds it, bluetoothd
+    /// refuses every WriteValue on CONTROL ("Write acquired"). It notices the closed socket in its own main
+    /// loop, so the first attempts after the close may still be refused: they are retried for a moment.
+    /// An ACK sent on the socket is not overtaken (bluetoothd takes no WriteValue until it has dropped the
+    /// socket); one still queued at the close may be lost, and the next ACK covers it like any lost ACK.
+    private func writeWithResponse(_ bytes: [UInt8], timeout: Duration?) async throws {
+        releaseAckSocket()
+        var attempt = 0
+        while true {
+            do {
+                if let timeout {
+                    try await control.writeValue(bytes, type: .request, timeout: timeout)
+                } else {
+                    try await control.writeValue(bytes, type: .request)
+                }
+                return
+            } catch let error as BlueZError
+                where heldAckSocket && BlueZGattCharacteristic.isWriteAcquired(error) && attempt < Self.releaseRetries
+            {
+                attempt += 1
+                try await Task.sleep(for: .milliseconds(10))
+            }
+        }
+    }
+
+    /// Attempts of a write with response while bluetoothd has not yet seen the write socket close (10 ms apart).
+    static let releaseRetries = 100
+
+    /// Closes CONTROL's write socket if held. The next ACK acquires it again.
+    private func releaseAckSocket() {
+        ackSocket?.close()
+        ackSocket = nil
+    }
+
+    /// One SYNC_ACK on the acquired write socket (acquired first if needed); false when the socket cannot be had
+    /// or failed, and the caller writes it through WriteValue instead.
+    private func sendOnAckSocket(_ bytes: [UInt8]) async -> Bool {
+        guard !ackSocketUnavailable else { return false }
+        if ackSocket == nil {
+            do {
+                ackSocket = try await control.acquireWrite(timeout: .seconds(2)).fd
+                heldAckSocket = true
+            } catch {
+                ackSocketUnavailable = true
+                log.log(.info, "AcquireWrite on CONTROL failed (\(error)): SYNC_ACKs go as WriteValue commands")
+                return false
+            }
+        }
+        guard let socket = ackSocket else { return false }
+        // Never blocks the session: a full socket (bluetoothd not reading) loses this ACK like the air could.
+        let sent = bytes.withUnsafeBytes {
+            send(socket.rawValue, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
+        }
+        if sent == bytes.count { return true }
+        if sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return true }
+        log.log(.info, "SYNC_ACK on CONTROL's write socket failed (errno \(errno)): SYNC_ACKs go as WriteValue commands")
+        releaseAckSocket()
+        ackSocketUnavailable = true
+        return false
     }
 
     public func writeAck(_ bytes: [UInt8]) async throws {
         switch ackWrite {
         case .writeCommand:
-            // Write-without-response gives no delivery proof anyway, so its D-Bus reply (bluetoothd: "queued")
-            // is not waited for either: the call goes out with NO_REPLY_EXPECTED. Per ACK that saves a reply
-            // message through dbus-daemon, its parse, and a wake-up of the session task; the session goes on
-            // with the next notification at once. Still in order before any later SYNC_REQ (one connection).
-            try control.writeValueWithoutReply(bytes, type: .command)
+            // Write-without-response gives no delivery proof anyway. On the acquired socket an ACK is one send():
+            // no D-Bus message for the session, dbus-daemon and bluetoothd to build, route and parse. Without
+            // it, a WriteValue command with NO_REPLY_EXPECTED: no reply message, and the session goes on with
+            // the next notification at once. Either way it stays in order before any later SYNC_REQ.
+            if await !sendOnAckSocket(bytes) {
+                try control.writeValueWithoutReply(bytes, type: .command)
+            }
             lastAck = .unconfirmed(bytes)
         case .writeRequest, nil:
             lastAck = .none
@@ -194,6 +269,7 @@ public final class BlueZSyncTransport: SyncTransport {
         }
         await notifications?.stop()
         notifications = nil
+        releaseAckSocket()
         // The kernel's Disconnect does not wait for queued ATT writes: the last SYNC_ACK, sent without response,
         // is written again with one, so it is known to have arrived before the link ends (the same ACK twice is
         // a no-op for the peripheral). Unconfirmed, the link ends the slow way, which leaves bluetoothd's queue
@@ -202,7 +278,7 @@ public final class BlueZSyncTransport: SyncTransport {
         if case .unconfirmed(let ack) = lastAck, await device.isConnected() {
             lastAck = .none
             do {
-                try await control.writeValue(ack, type: .request, timeout: .seconds(3))
+                try await writeWithResponse(ack, timeout: .seconds(3))
                 lastAck = .confirmed
             } catch {
                 log.log(.info, "the final SYNC_ACK was not confirmed (\(error)): ending the link through Device1.Disconnect")

@@ -21,14 +21,24 @@ public final class FakeBlueZ: Sendable {
         public var discoveryFilter: [String: DBusValue] = [:]
         /// WriteValue calls in the order the client sent them (by D-Bus serial: the fake handles each call in a
         /// task of its own, so the order handlers run in is not the wire's). A write that overtook an earlier
-        /// one is put back behind it, so an index seen once can later hold an earlier write: follow by serial.
-        public var writes: [(bytes: [UInt8], type: String, serial: UInt32)] = []
+        /// one is put back behind it, so an index seen once can later hold an earlier write: follow by `id`.
+        /// Datagrams the client sent on CONTROL's AcquireWrite socket are writes too (type "command",
+        /// `viaSocket`), recorded when the fake reads the socket (`pumpAcquiredWrites`), behind the D-Bus writes
+        /// seen so far.
+        public var writes: [(bytes: [UInt8], type: String, serial: UInt32, id: Int, viaSocket: Bool)] = []
+        public var nextWriteID = 0
         /// Per write in `writes`: the caller asked for no reply (NO_REPLY_EXPECTED).
         public var writesWithoutReply: [Bool] = []
         public var acquireNotifyError: DBusError?
         public var startNotifyError: DBusError?
         public var notifyPeer: Int32 = -1  // our end of the AcquireNotify socket pair
         public var writePeer: Int32 = -1  // our end of the AcquireWrite socket pair
+        /// After the client closes its write socket, this many more WriteValue/AcquireWrite calls are still
+        /// refused with "Write acquired": bluetoothd notices the hang-up in its own main loop, not at once.
+        public var writeReleaseLag = 0
+        /// How many calls were refused with "Write acquired".
+        public var writeAcquiredRefusals = 0
+        var releaseLagLeft = 0
         public var deviceAppearsOnDiscovery = false
         /// The next Connect removes the device object and never replies: bluetoothd 5.66 dropping a temporary
         /// device when the last discovery session ends while a Connect on it is pending.
@@ -200,13 +210,54 @@ public final class FakeBlueZ: Sendable {
         return bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) } == bytes.count
     }
 
-    /// Reads one datagram the client wrote through its AcquireWrite socket.
+    /// Reads one datagram the client wrote through its AcquireWrite socket (waits up to 10 s for it).
     public func receiveAcquiredWrite() -> [UInt8]? {
         let fd = state.withLock { $0.writePeer }
         guard fd >= 0 else { return nil }
+        var ready = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        guard poll(&ready, 1, 10_000) == 1 else { return nil }
         var buffer = [UInt8](repeating: 0, count: 600)
         let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, 0) }
         return n >= 0 ? Array(buffer[0..<n]) : nil
+    }
+
+    /// What bluetoothd does with CONTROL's write socket: each datagram queued on it becomes a write command
+    /// (recorded in `writes`); the client's close releases the characteristic. Tests that watch `writes` call
+    /// it before looking; the WriteValue and AcquireWrite handlers call it first.
+    public func pumpAcquiredWrites() {
+        state.withLock { s in
+            guard s.writePeer >= 0 else { return }
+            var buffer = [UInt8](repeating: 0, count: 600)
+            while true {
+                let n = buffer.withUnsafeMutableBytes { recv(s.writePeer, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+                if n > 0 {
+                    let serial = s.writes.map(\.serial).max() ?? 0
+                    s.writes.append((Array(buffer[0..<n]), "command", serial, s.nextWriteID, true))
+                    s.nextWriteID += 1
+                    s.writesWithoutReply.append(true)
+                    continue
+                }
+                if n == 0 {  // the client closed its end: released
+                    close(s.writePeer)
+                    s.writePeer = -1
+                    s.releaseLagLeft = s.writeReleaseLag
+                }
+                return
+            }
+        }
+    }
+
+    /// "Write acquired" while the client holds CONTROL's write socket (or bluetoothd has not yet seen it close).
+    private func writeAcquiredRefusal() -> DBusError? {
+        pumpAcquiredWrites()
+        return state.withLock { s -> DBusError? in
+            if s.writePeer >= 0 || s.releaseLagLeft > 0 {
+                if s.writePeer < 0 { s.releaseLagLeft -= 1 }
+                s.writeAcquiredRefusals += 1
+                return DBusError(name: "org.bluez.Error.NotPermitted", message: "Write acquired")
+            }
+            return nil
+        }
     }
 
     /// Closes our end of the notify socket: the client sees end-of-file, as on link loss.
@@ -350,9 +401,11 @@ public final class FakeBlueZ: Sendable {
         case (BlueZInterface.gattCharacteristic, "WriteValue"):
             let bytes = call.arguments.first?.bytes ?? []
             let type = call.arguments.count > 1 ? (call.arguments[1].dictionary?["type"]?.string ?? "") : ""
+            if let refusal = writeAcquiredRefusal() { return .error(refusal) }
             state.withLock {
                 let index = $0.writes.lastIndex { $0.serial < call.serial }.map { $0 + 1 } ?? 0
-                $0.writes.insert((bytes, type, call.serial), at: index)
+                $0.writes.insert((bytes, type, call.serial, $0.nextWriteID, false), at: index)
+                $0.nextWriteID += 1
                 $0.writesWithoutReply.insert(call.noReplyExpected, at: index)
             }
             return .reply([])
@@ -367,10 +420,12 @@ public final class FakeBlueZ: Sendable {
             // The reply carries a duplicate; our copy of the client's end is released with the value.
             return .reply([.unixFD(DBusUnixFD(adopting: pair[0])), .uint16(247)])
         case (BlueZInterface.gattCharacteristic, "AcquireWrite"):
+            if let refusal = writeAcquiredRefusal() { return .error(refusal) }
             var pair: [Int32] = [-1, -1]
             guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else {
                 return fail("org.bluez.Error.Failed", "socketpair failed")
             }
+            _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)
             state.withLock { $0.writePeer = pair[1] }
             return .reply([.unixFD(DBusUnixFD(adopting: pair[0])), .uint16(247)])
         case (BlueZInterface.gattCharacteristic, "StartNotify"):

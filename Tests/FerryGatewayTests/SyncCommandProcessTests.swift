@@ -44,11 +44,12 @@ import Testing
 
         // The peripheral: every SYNC_REQ written is answered with the window's frames, one per notification.
         let peripheral = Task {
-            var answered: Set<UInt32> = []
+            var answered: Set<Int> = []
             while !Task.isCancelled {
+                fake.pumpAcquiredWrites()  // the SYNC_ACKs sent on CONTROL's write socket
                 let writes = fake.state.withLock { $0.writes }
-                for write in writes where !answered.contains(write.serial) {
-                    answered.insert(write.serial)
+                for write in writes where !answered.contains(write.id) {
+                    answered.insert(write.id)
                     var decoder = FrameDecoder()
                     decoder.feed(write.bytes) { frame in
                         guard answer, frame.type == .syncRequest, let window = frame.requestedWindow else { return }
@@ -120,9 +121,14 @@ import Testing
                 && Set(cpu.keys).subtracting(["start"]).isSubset(of: Set(phases.keys)),
             "CPU at the start and at the phase marks: \(cpu)")
         #expect(run.stderr.contains("connected to \(FakeBlueZ.deviceAddress)"), "\(run.stderr)")
-        // The SYNC_ACKs went out as writes without response, the last one for the head.
-        let acks = fake.state.withLock { $0.writes }.filter { $0.type == "command" }.map(\.bytes)
-        #expect(acks.last == Frame.syncAck(committed: 45).encoded())
+        // The SYNC_ACKs went out as writes without response on CONTROL's write socket, the last one for the head
+        // (confirmed with a response before the link ended).
+        fake.pumpAcquiredWrites()
+        let writes = fake.state.withLock { $0.writes }
+        let acks = writes.filter { $0.type == "command" }
+        #expect(!acks.isEmpty && acks.allSatisfy { $0.viaSocket }, "\(writes.map { ($0.type, $0.viaSocket) })")
+        #expect(acks.last?.bytes == Frame.syncAck(committed: 45).encoded())
+        #expect(writes.last.map { $0.type == "request" && $0.bytes == Frame.syncAck(committed: 45).encoded() } == true)
         #expect(fake.calls.contains("Device1.Disconnect \(FakeBlueZ.devicePath)"))
     }
 

@@ -67,7 +67,13 @@ import FerryFakeBlueZ
         }
     }
 
-    @Test func acksGoWithoutResponseRequestsWithIt() async throws {
+    /// Each pass of `fake.pumpAcquiredWrites()` plays bluetoothd reading CONTROL's write socket.
+    private func writesSeen(_ fake: FakeBlueZ) -> [(bytes: [UInt8], type: String, serial: UInt32, id: Int, viaSocket: Bool)] {
+        fake.pumpAcquiredWrites()
+        return fake.state.withLock { $0.writes }
+    }
+
+    @Test func acksGoOnTheWriteSocketRequestsWithAResponse() async throws {
         let bus = try TestBus()
         let (fake, transport) = try await transport(bus, controlFlags: ["write", "write-without-response"])
         defer { fake.stop() }
@@ -83,25 +89,71 @@ import FerryFakeBlueZ
         let ack = Frame.syncAck(committed: 20).encoded()
         try await transport.writeControl(request)
         try await transport.writeAck(ack)
-        // The ACK goes out without a D-Bus reply: writeAck returned before bluetoothd saw it.
-        try await waitFor("the ACK's WriteValue") { fake.state.withLock { $0.writes.count } == 2 }
-        let writes = fake.state.withLock { $0.writes }
+        // The first ACK acquires CONTROL's write socket and goes through it: no D-Bus message of its own.
+        try await waitFor("the ACK on the write socket") { writesSeen(fake).count == 2 }
+        var writes = writesSeen(fake)
         #expect(writes.map(\.type) == ["request", "command"])
+        #expect(writes.map(\.viaSocket) == [false, true])
         #expect(writes.map(\.bytes) == [request, ack])
-        #expect(fake.state.withLock { $0.writesWithoutReply } == [false, true])
-        // A SYNC_REQ right behind a reply-less ACK still gets its reply, and goes out after it.
+        #expect(fake.calls.filter { $0.hasPrefix("GattCharacteristic1.AcquireWrite") }.count == 1)
+        // A SYNC_REQ gives the socket back first (bluetoothd refuses WriteValue while it is held), keeps its
+        // response, and goes out after the ACK sent before it.
         let ack2 = Frame.syncAck(committed: 40).encoded()
         try await transport.writeAck(ack2)
         try await transport.writeControl(request)
-        try await waitFor("the second ACK") { fake.state.withLock { $0.writes.count } == 4 }
-        #expect(fake.state.withLock { $0.writes.map(\.bytes) } == [request, ack, ack2, request])
-        // ACKs sent back to back (a grouped commit's cadence boundaries) are seen in the order they were sent.
+        writes = writesSeen(fake)
+        #expect(writes.map(\.bytes) == [request, ack, ack2, request])
+        #expect(writes.map(\.type) == ["request", "command", "command", "request"])
+        #expect(fake.state.withLock { $0.writeAcquiredRefusals } == 0)
+        // ACKs sent back to back (a grouped commit's cadence boundaries) are seen in the order they were sent,
+        // on a socket acquired again.
         let burst = (41...100).map { Frame.syncAck(committed: UInt64($0)).encoded() }
         for bytes in burst { try await transport.writeAck(bytes) }
-        try await waitFor("the burst of ACKs") { fake.state.withLock { $0.writes.count } == 4 + burst.count }
-        #expect(fake.state.withLock { $0.writes.dropFirst(4).map(\.bytes) } == burst)
-        // Nothing holds CONTROL's write socket: bluetoothd would refuse the SYNC_REQ's WriteValue then.
-        #expect(!fake.calls.contains { $0.hasPrefix("GattCharacteristic1.AcquireWrite") })
+        try await waitFor("the burst of ACKs") { writesSeen(fake).count == 4 + burst.count }
+        #expect(writesSeen(fake).dropFirst(4).map(\.bytes) == burst)
+        #expect(writesSeen(fake).dropFirst(4).allSatisfy { $0.viaSocket })
+        #expect(fake.calls.filter { $0.hasPrefix("GattCharacteristic1.AcquireWrite") }.count == 2)
+        await transport.disconnect()
+        // The final ACK is confirmed with a response, which needed the socket given back again.
+        #expect(writesSeen(fake).last.map { $0.type == "request" && $0.bytes == burst.last } == true)
+    }
+
+    /// bluetoothd notices the closed write socket in its own main loop: a WriteValue that reaches it first is
+    /// still refused with "Write acquired". The SYNC_REQ is tried again and goes out.
+    @Test func aRequestRefusedWhileBluezStillSeesTheSocketHeldIsRetried() async throws {
+        let bus = try TestBus()
+        let (fake, transport) = try await transport(bus, controlFlags: ["write", "write-without-response"])
+        defer { fake.stop() }
+        try await transport.subscribe()
+        fake.state.withLock { $0.writeReleaseLag = 3 }
+        let ack = Frame.syncAck(committed: 20).encoded()
+        try await transport.writeAck(ack)
+        let request = Frame.syncRequest(lastCommitted: 20, window: 40).encoded()
+        try await transport.writeControl(request)
+        #expect(fake.state.withLock { $0.writeAcquiredRefusals } == 3)
+        #expect(writesSeen(fake).map(\.bytes) == [ack, request])
+        await transport.disconnect()
+    }
+
+    /// Without CONTROL's write socket (AcquireWrite refused), ACKs are WriteValue commands without a D-Bus reply.
+    @Test func acksFallBackToWriteCommandsWithoutTheSocket() async throws {
+        let bus = try TestBus()
+        let (fake, transport) = try await transport(bus, controlFlags: ["write", "write-without-response"])
+        defer { fake.stop() }
+        try await transport.subscribe()
+        // Another client holds the socket: bluetoothd refuses our AcquireWrite (and would refuse WriteValue too,
+        // so the fake's holder lets go right after).
+        fake.state.withLock { $0.writeReleaseLag = 1 }
+        var pair: [Int32] = [-1, -1]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0)
+        fake.state.withLock { $0.writePeer = pair[1] }
+        close(pair[0])  // its holder is gone; bluetoothd notices late (the lag): the AcquireWrite is refused
+        let ack = Frame.syncAck(committed: 20).encoded()
+        try await transport.writeAck(ack)
+        try await waitFor("the ACK's WriteValue") { writesSeen(fake).count == 1 }
+        #expect(writesSeen(fake).map(\.type) == ["command"])
+        #expect(writesSeen(fake).map(\.viaSocket) == [false])
+        #expect(fake.state.withLock { $0.writesWithoutReply } == [true])
         await transport.disconnect()
     }
 
@@ -115,9 +167,9 @@ import FerryFakeBlueZ
         try await transport.subscribe()
         let ack = Frame.syncAck(committed: 60).encoded()
         try await transport.writeAck(ack)
-        try await waitFor("the ACK's WriteValue") { fake.state.withLock { $0.writes.count } == 1 }
+        try await waitFor("the ACK on the write socket") { writesSeen(fake).count == 1 }
         await transport.disconnect()
-        let writes = fake.state.withLock { $0.writes }
+        let writes = writesSeen(fake)
         #expect(writes.map(\.type) == ["command", "request"])
         #expect(writes.map(\.bytes) == [ack, ack])
         #expect(transport.teardown == .bluez)
@@ -141,14 +193,14 @@ import FerryFakeBlueZ
         defer { fake2.stop() }
         try await transport2.subscribe()
         try await transport2.writeAck(Frame.syncAck(committed: 20).encoded())
-        try await waitFor("the ACK's WriteValue") { fake2.state.withLock { $0.writes.count } == 1 }
+        try await waitFor("the ACK on the write socket") { writesSeen(fake2).count == 1 }
         try fake2.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "Connected", DBusValue.bool(false))
         let deadline = ContinuousClock.now + .seconds(10)
         while await transport2.device.isConnected(), ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(20))
         }
         await transport2.disconnect()
-        #expect(fake2.state.withLock { $0.writes }.map { $0.type } == ["command"], "a lost link gets no confirmation")
+        #expect(writesSeen(fake2).map { $0.type } == ["command"], "a lost link gets no confirmation")
         #expect(transport2.teardown == .bluez, "an unconfirmed final ACK: the slow way")
     }
 
