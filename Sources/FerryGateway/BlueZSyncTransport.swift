@@ -23,15 +23,27 @@ public final class BlueZSyncTransport: SyncTransport {
     public private(set) var mtu: UInt16?
     /// How SYNC_ACKs go out (chosen while subscribing; nil before).
     public private(set) var ackWrite: AckWritePath?
-    /// CONTROL's AcquireWrite socket while this session holds it (`.writeCommand` only): each SYNC_ACK is one
-    /// send() on it, no D-Bus message through dbus-daemon. Released before every write with response (see
-    /// `releaseAckSocket`).
-    private var ackSocket: DBusUnixFD?
-    /// AcquireWrite was refused or its socket failed: the rest of the session's ACKs go as WriteValue commands.
-    private var ackSocketUnavailable = false
-    /// This session has held the write socket: a "Write acquired" refusal may be bluetoothd not having seen
-    /// our close yet.
-    private var heldAckSocket = false
+    /// CONTROL's AcquireWrite socket (`.writeCommand` only): while held, each SYNC_ACK is one send() on it, no
+    /// D-Bus message through dbus-daemon. Given back before every write with response (`releaseAckSocket`).
+    private enum AckSocket {
+        /// Not acquired yet in this session.
+        case none
+        case held(DBusUnixFD)
+        /// Closed for a write with response; the next ACK acquires it again.
+        case released
+        /// AcquireWrite was refused or the socket failed: the rest of the session's ACKs go as WriteValue
+        /// commands. `wasHeld`: this session held it before.
+        case unavailable(wasHeld: Bool)
+
+        /// bluetoothd may still believe we hold it: it sees a close in its own main loop, not at once.
+        var mayLinger: Bool {
+            switch self {
+            case .held, .released, .unavailable(wasHeld: true): true
+            case .none, .unavailable(wasHeld: false): false
+            }
+        }
+    }
+    private var ackSocket = AckSocket.none
     /// What is known of the last SYNC_ACK's delivery. `disconnect()` confirms an unconfirmed one before ending
     /// the link, and uses the kernel's Disconnect only after a confirmed one.
     private enum LastAck: Equatable {
@@ -174,7 +186,8 @@ public final class BlueZSyncTransport: SyncTransport {
                 }
                 return
             } catch let error as BlueZError
-                where heldAckSocket && BlueZGattCharacteristic.isWriteAcquired(error) && attempt < Self.releaseRetries
+                where ackSocket.mayLinger && BlueZGattCharacteristic.isWriteAcquired(error)
+                    && attempt < Self.releaseRetries
             {
                 attempt += 1
                 try await Task.sleep(for: .milliseconds(10))
@@ -187,34 +200,38 @@ public final class BlueZSyncTransport: SyncTransport {
 
     /// Closes CONTROL's write socket if held. The next ACK acquires it again.
     private func releaseAckSocket() {
-        ackSocket?.close()
-        ackSocket = nil
+        guard case .held(let socket) = ackSocket else { return }
+        socket.close()
+        ackSocket = .released
     }
 
     /// One SYNC_ACK on the acquired write socket (acquired first if needed); false when the socket cannot be had
     /// or failed, and the caller writes it through WriteValue instead.
     private func sendOnAckSocket(_ bytes: [UInt8]) async -> Bool {
-        guard !ackSocketUnavailable else { return false }
-        if ackSocket == nil {
+        let socket: DBusUnixFD
+        switch ackSocket {
+        case .unavailable: return false
+        case .held(let held): socket = held
+        case .none, .released:
             do {
-                ackSocket = try await control.acquireWrite(timeout: .seconds(2)).fd
-                heldAckSocket = true
+                socket = try await control.acquireWrite(timeout: .seconds(2)).fd
+                ackSocket = .held(socket)
             } catch {
-                ackSocketUnavailable = true
+                ackSocket = .unavailable(wasHeld: ackSocket.mayLinger)
                 log.log(.info, "AcquireWrite on CONTROL failed (\(error)): SYNC_ACKs go as WriteValue commands")
                 return false
             }
         }
-        guard let socket = ackSocket else { return false }
         // Never blocks the session: a full socket (bluetoothd not reading) loses this ACK like the air could.
         let sent = bytes.withUnsafeBytes {
             send(socket.rawValue, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
         }
         if sent == bytes.count { return true }
         if sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) { return true }
-        log.log(.info, "SYNC_ACK on CONTROL's write socket failed (errno \(errno)): SYNC_ACKs go as WriteValue commands")
-        releaseAckSocket()
-        ackSocketUnavailable = true
+        let failure = errno
+        socket.close()
+        ackSocket = .unavailable(wasHeld: true)
+        log.log(.info, "SYNC_ACK on CONTROL's write socket failed (errno \(failure)): SYNC_ACKs go as WriteValue commands")
         return false
     }
 
