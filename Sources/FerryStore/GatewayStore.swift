@@ -293,11 +293,12 @@ public final class GatewayStore {
                         INSERT INTO staged_frames (peripheral, epoch, seq, payload, received_at, outbox_id)
                         VALUES (?, ?, ?, ?, ?, ?)
                         """)
+                    // The columns every row shares are bound once; per row only seq and payload change.
+                    try insert.bind([.text(peripheral), .text(epoch), .null, .null, .integer(now), .text(eventID)])
                     for frame in fresh {
-                        try insert.run([
-                            .text(peripheral), .text(epoch), .integer(Int64(bitPattern: frame.seq)),
-                            .blob(frame.payload), .integer(now), .text(eventID),
-                        ])
+                        try insert.bind(.integer(Int64(bitPattern: frame.seq)), at: 3)
+                        try insert.bind(.blob(frame.payload), at: 4)
+                        try insert.runBound()
                     }
                 }
                 try database.cached(

@@ -52,6 +52,10 @@ public final class Database {
     public let path: String
     private var statementCache: [String: Statement] = [:]
 
+    /// Process-wide SQLite settings, applied once before the first connection opens (sqlite3_config refuses them
+    /// afterwards, harmlessly).
+    private static let processConfigured: Bool = ferry_sqlite3_disable_memory_statistics() == SQLITE_OK
+
     private init(handle: OpaquePointer, path: String) {
         self.handle = handle
         self.path = path
@@ -59,6 +63,7 @@ public final class Database {
 
     /// Opens (and by default creates) the database file. The handle is closed again if anything fails.
     public static func open(path: String, readOnly: Bool = false, create: Bool = true) throws -> Database {
+        _ = processConfigured
         var raw: OpaquePointer?
         var flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE
         flags |= readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE
@@ -119,10 +124,11 @@ public final class Database {
     /// Runs `body` inside BEGIN IMMEDIATE … COMMIT (the write lock is taken up front, so the cursor read inside
     /// cannot go stale before the write); rolls back if `body` or the COMMIT throws.
     public func writeTransaction<T>(_ body: () throws -> T) throws -> T {
-        try execute("BEGIN IMMEDIATE")
+        // Prepared once: a sync session runs one of these per ACK, and sqlite3_exec would parse both every time.
+        try cached("BEGIN IMMEDIATE").run()
         do {
             let result = try body()
-            try execute("COMMIT")
+            try cached("COMMIT").run()
             return result
         } catch {
             if isInTransaction { try? execute("ROLLBACK") }
@@ -185,23 +191,40 @@ public final class Statement {
 
     private static let transient = unsafeBitCast(-1, to: sqlite3_destructor_type.self)
 
+    /// Binds `values` to parameters 1, 2, … in order.
     public func bind(_ values: [SQLValue]) throws {
         for (offset, value) in values.enumerated() {
-            let index = Int32(offset + 1)
-            let rc: Int32
-            switch value {
-            case .null: rc = sqlite3_bind_null(handle, index)
-            case .integer(let v): rc = sqlite3_bind_int64(handle, index, v)
-            case .text(let v): rc = sqlite3_bind_text(handle, index, v, -1, Statement.transient)
-            case .blob(let v):
-                rc = v.withUnsafeBytes { p in
-                    // A zero-length blob must still bind as a blob, not NULL: pass a non-nil pointer.
-                    sqlite3_bind_blob(handle, index, p.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(v.count),
-                        Statement.transient)
+            try bind(value, at: Int32(offset + 1))
+        }
+    }
+
+    /// Binds one parameter (1-based). Bindings outlive `sqlite3_reset`, so a loop over rows can bind the columns
+    /// they share once and only the ones that change per row (`runBound`).
+    public func bind(_ value: SQLValue, at index: Int32) throws {
+        let rc: Int32
+        switch value {
+        case .null: rc = sqlite3_bind_null(handle, index)
+        case .integer(let v): rc = sqlite3_bind_int64(handle, index, v)
+        case .text(var v):
+            // withUTF8 reads a native string in place; passing the String itself would copy it into a fresh
+            // C array first.
+            rc = v.withUTF8 { utf8 in
+                utf8.withMemoryRebound(to: CChar.self) { text in
+                    // A nil pointer would bind NULL, not the empty text.
+                    guard let start = text.baseAddress else {
+                        return sqlite3_bind_text(handle, index, "", 0, Statement.transient)
+                    }
+                    return sqlite3_bind_text(handle, index, start, Int32(text.count), Statement.transient)
                 }
             }
-            guard rc == SQLITE_OK else { throw error(rc) }
+        case .blob(let v):
+            rc = v.withUnsafeBytes { p in
+                // A zero-length blob must still bind as a blob, not NULL: pass a non-nil pointer.
+                sqlite3_bind_blob(handle, index, p.baseAddress ?? UnsafeRawPointer(bitPattern: 1), Int32(v.count),
+                    Statement.transient)
+            }
         }
+        guard rc == SQLITE_OK else { throw error(rc) }
     }
 
     /// Advances; true when a row is available, false when done.
@@ -220,6 +243,11 @@ public final class Statement {
     /// Binds, runs to completion, resets.
     public func run(_ values: [SQLValue] = []) throws {
         try bind(values)
+        try runBound()
+    }
+
+    /// Runs to completion with the parameters bound so far, resets, and keeps the bindings.
+    public func runBound() throws {
         while try step() {}
         sqlite3_reset(handle)
     }

@@ -51,6 +51,38 @@ import Testing
         #expect(reused.isNull(0))
     }
 
+    @Test func sharedBindingsSurviveEachRowAndTextBindsInPlace() throws {
+        let dir = try TemporaryDirectory()
+        let db = try Database.open(path: dir.file("bound.sqlite"))
+        try db.execute("CREATE TABLE t (k TEXT, seq INTEGER, v BLOB, note TEXT)")
+        let insert = try db.cached("INSERT INTO t (k, seq, v, note) VALUES (?, ?, ?, ?)")
+        // Column 1 and 4 bound once, 2 and 3 per row: what GatewayStore.commit does for a window's frames.
+        try insert.bind([.text("périphérique ✓"), .null, .null, .text("")])
+        for seq in 1...3 {
+            try insert.bind(.integer(Int64(seq)), at: 2)
+            try insert.bind(.blob(seq == 3 ? [] : [UInt8(seq), 0xFF]), at: 3)
+            try insert.runBound()
+        }
+        var rows: [String] = []
+        try db.prepare("SELECT k, seq, hex(v), typeof(v), note, typeof(note) FROM t ORDER BY seq").forEach { row in
+            rows.append(
+                "\(row.text(0))|\(row.int64(1))|\(row.text(2))|\(row.text(3))|\(row.text(4))|\(row.text(5))")
+        }
+        #expect(rows == [
+            "périphérique ✓|1|01FF|blob||text",
+            "périphérique ✓|2|02FF|blob||text",
+            "périphérique ✓|3||blob||text",  // an empty blob and an empty text stay what they are, not NULL
+        ])
+        // A long, non-ASCII string that Swift keeps out of line binds byte for byte too.
+        let long = String(repeating: "ü", count: 300)
+        #expect(try db.text("SELECT ?1", [.text(long)]) == long)
+        #expect(try db.integer("SELECT length(CAST(?1 AS BLOB))", [.text(long)]) == 600)
+        // The next user of the cached statement starts from clean bindings.
+        #expect(try db.cached("INSERT INTO t (k, seq, v, note) VALUES (?, ?, ?, ?)") === insert)
+        try insert.runBound()
+        #expect(try db.integer("SELECT count(*) FROM t WHERE k IS NULL AND seq IS NULL") == 1)
+    }
+
     @Test func storeReusesItsCommitStatementsAcrossCommits() throws {
         let dir = try TemporaryDirectory()
         let store = try GatewayStore(path: dir.file("reuse.sqlite"), clock: FixedClock())
