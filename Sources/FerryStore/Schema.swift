@@ -4,7 +4,10 @@
 ///
 /// Table and column names are a contract: operators query the file directly (PROTOCOL §5).
 enum Schema {
-    static let migrations: [(version: Int64, sql: String)] = [
+    /// `rewritesDefinitions`: the migration edits a table's stored definition through `writable_schema` instead
+    /// of DDL, so `migrate` bumps `schema_version` in the same transaction: every connection, this one included,
+    /// then reads the new definition before its next statement.
+    static let migrations: [(version: Int64, sql: String, rewritesDefinitions: Bool)] = [
         (
             1,
             """
@@ -52,7 +55,8 @@ enum Schema {
             );
             CREATE INDEX idx_outbox_queue ON outbox_events (status, next_retry_at);
             CREATE INDEX idx_outbox_batch ON outbox_events (batch_id) WHERE batch_id IS NOT NULL;
-            """
+            """,
+            false
         ),
         (
             2,
@@ -74,7 +78,8 @@ enum Schema {
                 epoch        TEXT,                            -- the stream's store epoch (decimal text)
                 head         INTEGER                          -- STREAM_INFO head last seen, if any
             );
-            """
+            """,
+            false
         ),
         (
             3,
@@ -97,7 +102,27 @@ enum Schema {
                 state_since INTEGER,              -- unix milliseconds
                 detail      TEXT                  -- why offline or paused
             );
+            """,
+            false
+        ),
+        (
+            4,
             """
+            -- outbox_events' two CHECKs, the same rules spelled as comparisons: SQLite 3.40 evaluates an IN list of
+            -- three or more constants by building a temporary b-tree, and did so twice for every outbox row a
+            -- commit inserts (a sixth of a commit's instructions). Only the table's stored definition changes, no
+            -- row: SQLite's documented way to change a CHECK
+            -- (https://sqlite.org/lang_altertable.html#otheralter).
+            PRAGMA writable_schema = ON;
+            UPDATE sqlite_master SET sql = replace(replace(sql,
+                    'CHECK (event_type IN (''FRAMES'', ''GAP'', ''REGRESSION''))',
+                    'CHECK (event_type = ''FRAMES'' OR event_type = ''GAP'' OR event_type = ''REGRESSION'')'),
+                    'CHECK (status IN (''PENDING'', ''IN_FLIGHT'', ''COMPLETED'', ''FAILED''))',
+                    'CHECK (status = ''PENDING'' OR status = ''IN_FLIGHT'' OR status = ''COMPLETED'' OR status = ''FAILED'')')
+                WHERE type = 'table' AND name = 'outbox_events';
+            PRAGMA writable_schema = OFF;
+            """,
+            true
         ),
     ]
 

@@ -1,7 +1,8 @@
 import FerryProtocol
-import FerryStore
 import Foundation
 import Testing
+
+@testable import FerryStore
 
 /// The file a fresh store creates: durability pragmas, the contract's table/column/index names (PROTOCOL §5),
 /// and how migrations treat existing, newer and foreign files.
@@ -99,6 +100,99 @@ import Testing
             "migration ran again on an existing database")
         #expect(try reopened.count("SELECT count(*) FROM staged_frames") == 3)
         #expect(try reopened.openStream(peripheral: testPeripheral, deviceEpoch: 0).cursor == 3)
+    }
+
+    /// Migration 4 rewrites outbox_events' CHECKs in place (writable_schema): rows stay, the rules still hold,
+    /// and inserting an outbox row no longer builds a temporary b-tree per IN list.
+    @Test func version3StoreGetsTheComparisonChecksWithItsRowsIntact() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.file("v3.sqlite")
+        func plan(_ db: Database) throws -> [String] {
+            var opcodes: [String] = []
+            try db.prepare(
+                """
+                EXPLAIN INSERT INTO outbox_events (id, event_type, payload, status, next_retry_at, created_at,
+                                                   peripheral, epoch) VALUES ('x', 'GAP', '{}', 'PENDING', 0, 0, 'p', 'e')
+                """
+            ).forEach { opcodes.append($0.text(1)) }
+            return opcodes
+        }
+        let schemaVersionBefore: Int64
+        do {
+            let db = try Database.open(path: path)
+            try db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            try db.execute(GatewayStore.pragmas)
+            for migration in Schema.migrations where migration.version <= 3 {
+                try db.writeTransaction {
+                    try db.execute(migration.sql)
+                    try db.execute("PRAGMA user_version = \(migration.version)")
+                }
+            }
+            #expect(try plan(db).contains("OpenEphemeral"), "the v3 definition no longer shows what 4 removes")
+            try db.execute(
+                """
+                INSERT INTO outbox_events (id, event_type, payload, status, next_retry_at, created_at, peripheral,
+                                           epoch, batch_gateway) VALUES ('old', 'GAP', '{"v":3}', 'IN_FLIGHT', 5, 6, 'p', 'e', 'gw')
+                """)
+            schemaVersionBefore = try db.integer("PRAGMA schema_version") ?? 0
+        }
+        let store = try GatewayStore(path: path, clock: FixedClock())  // migrates 3 → latest
+        let db = store.database
+        #expect(
+            try db.text("SELECT event_type || status || payload || next_retry_at || batch_gateway FROM outbox_events")
+                == "GAPIN_FLIGHT{\"v\":3}5gw")
+        #expect(try db.integer("PRAGMA user_version") == Schema.latestVersion)
+        #expect(try db.integer("PRAGMA schema_version") ?? 0 > schemaVersionBefore)
+        let definition = try db.text("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'outbox_events'") ?? ""
+        #expect(definition.contains("CHECK (event_type = 'FRAMES' OR event_type = 'GAP' OR event_type = 'REGRESSION')"))
+        #expect(definition.contains(
+            "CHECK (status = 'PENDING' OR status = 'IN_FLIGHT' OR status = 'COMPLETED' OR status = 'FAILED')"))
+        #expect(!definition.contains(" IN ("))
+        #expect(definition.contains("batch_gateway"))  // migration 3's column is still there
+        #expect(try !plan(db).contains("OpenEphemeral"))
+        #expect(try db.text("PRAGMA integrity_check") == "ok")
+
+        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
+        try store.commit(batch(from: 0, dataFrames(1...3)), to: stream.key)
+        #expect(try store.count("SELECT count(*) FROM outbox_events") == 2)
+        // The rules are the same rules: anything else is still refused, by the table itself.
+        let insert = """
+            INSERT INTO outbox_events (id, event_type, payload, status, next_retry_at, created_at, peripheral, epoch)
+            VALUES (?, ?, '{}', ?, 0, 0, 'p', 'e')
+            """
+        let badType = #expect(throws: SQLiteError.self) {
+            try db.cached(insert).run([.text("a"), .text("frames"), .text("PENDING")])
+        }
+        #expect(badType?.resultCode == .constraint)
+        let badStatus = #expect(throws: SQLiteError.self) {
+            try db.cached(insert).run([.text("b"), .text("GAP"), .text("DONE")])
+        }
+        #expect(badStatus?.resultCode == .constraint)
+        try db.cached(insert).run([.text("c"), .text("REGRESSION"), .text("FAILED")])
+    }
+
+    @Test func aConnectionOpenDuringTheRewriteReadsTheNewDefinition() throws {
+        let dir = try TemporaryDirectory()
+        let path = dir.file("watcher.sqlite")
+        do {
+            let db = try Database.open(path: path)
+            try db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            try db.execute(GatewayStore.pragmas)
+            for migration in Schema.migrations where migration.version <= 3 {
+                try db.writeTransaction {
+                    try db.execute(migration.sql)
+                    try db.execute("PRAGMA user_version = \(migration.version)")
+                }
+            }
+        }
+        // Another process's connection (ferry status, the uplink) that read the old definition first.
+        let watcher = try Database.open(path: path)
+        let bogus = "INSERT INTO outbox_events (id, event_type, payload, status, next_retry_at, created_at, peripheral, epoch) VALUES ('w', 'BOGUS', '{}', 'PENDING', 0, 0, 'p', 'e')"
+        let before = #expect(throws: SQLiteError.self) { try watcher.execute(bogus) }
+        #expect(before?.message.contains("IN (") == true)
+        _ = try GatewayStore(path: path, clock: FixedClock())
+        let after = #expect(throws: SQLiteError.self) { try watcher.execute(bogus) }
+        #expect(after?.message.contains("event_type = 'FRAMES' OR") == true, "\(after?.message ?? "")")
     }
 
     @Test func newerSchemaIsRefusedAndLeftAlone() throws {

@@ -72,7 +72,7 @@ import Testing
                     + "PRAGMA user_version = 1;")
         }
         let reopened = try GatewayStore(path: path, clock: FixedClock())
-        #expect(try reopened.database.integer("PRAGMA user_version") == 3)
+        #expect(try reopened.database.integer("PRAGMA user_version") == 4)
         #expect(try reopened.activeCursor(testPeripheral)?.cursor == 5)
         try reopened.trust(trusted(testPeripheral))
         #expect(try reopened.trustedPeripherals().count == 1)
