@@ -85,6 +85,31 @@ import Testing
         try expectOnlyTheFirstFiveFrames(in: store, key: stream.key)
     }
 
+    /// A window larger than one INSERT carries (an --ack-every above 32) is split over several statements; a
+    /// failure in a later statement still takes the earlier ones with it.
+    @Test func aBatchLargerThanOneInsertIsStoredWholeOrNotAtAll() throws {
+        let dir = try TemporaryDirectory()
+        let store = try GatewayStore(path: dir.file("large.sqlite"), clock: FixedClock())
+        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
+        let first = dataFrames(1...75, payloadSize: 9)
+        let outcome = try store.commit(batch(from: 0, first), to: stream.key)
+        #expect(Outcome(outcome) == Outcome(cursor: 75, framesInserted: 75, framesAlreadyStored: 0, gapRecorded: nil))
+        #expect(try store.frames(of: stream.key).map(\.seq) == Array(1...75))
+        #expect(try store.frames(of: stream.key).map(\.payload) == first.map(\.payload))
+        #expect(try store.count("SELECT count(DISTINCT outbox_id) FROM staged_frames") == 1)
+        #expect(try store.count("SELECT count(DISTINCT received_at) FROM staged_frames") == 1)
+
+        try store.database.execute(
+            """
+            CREATE TRIGGER fail_frame BEFORE INSERT ON staged_frames
+            WHEN NEW.seq = 150 BEGIN SELECT RAISE(ABORT, 'forced failure at seq 150'); END
+            """)
+        #expect(throws: StoreError.self) { try store.commit(batch(from: 75, dataFrames(76...160)), to: stream.key) }
+        #expect(try store.cursor(of: stream.key) == 75)
+        #expect(try store.count("SELECT count(*) FROM staged_frames") == 75)
+        #expect(try store.outboxTypes() == ["FRAMES"])
+    }
+
     private func expectOnlyTheFirstFiveFrames(in store: GatewayStore, key: StreamKey) throws {
         #expect(try store.cursor(of: key) == 5)
         #expect(try store.frames(of: key).map(\.seq) == Array(1...5))
