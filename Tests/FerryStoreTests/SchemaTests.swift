@@ -102,6 +102,20 @@ import Testing
         #expect(try reopened.openStream(peripheral: testPeripheral, deviceEpoch: 0).cursor == 3)
     }
 
+    /// A store as Ferry left it before schema 4: migrations 1-3 applied the way `GatewayStore` applies them.
+    static func makeVersion3Store(at path: String) throws -> Database {
+        let db = try Database.open(path: path)
+        try db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        try db.execute(GatewayStore.pragmas)
+        for migration in Schema.migrations where migration.version <= 3 {
+            try db.writeTransaction {
+                try db.execute(migration.sql)
+                try db.execute("PRAGMA user_version = \(migration.version)")
+            }
+        }
+        return db
+    }
+
     /// Migration 4 rewrites outbox_events' CHECKs in place (writable_schema): rows stay, the rules still hold,
     /// and inserting an outbox row no longer builds a temporary b-tree per IN list.
     @Test func version3StoreGetsTheComparisonChecksWithItsRowsIntact() throws {
@@ -119,15 +133,7 @@ import Testing
         }
         let schemaVersionBefore: Int64
         do {
-            let db = try Database.open(path: path)
-            try db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            try db.execute(GatewayStore.pragmas)
-            for migration in Schema.migrations where migration.version <= 3 {
-                try db.writeTransaction {
-                    try db.execute(migration.sql)
-                    try db.execute("PRAGMA user_version = \(migration.version)")
-                }
-            }
+            let db = try Self.makeVersion3Store(at: path)
             #expect(try plan(db).contains("OpenEphemeral"), "the v3 definition no longer shows what 4 removes")
             try db.execute(
                 """
@@ -174,17 +180,7 @@ import Testing
     @Test func aConnectionOpenDuringTheRewriteReadsTheNewDefinition() throws {
         let dir = try TemporaryDirectory()
         let path = dir.file("watcher.sqlite")
-        do {
-            let db = try Database.open(path: path)
-            try db.execute("PRAGMA auto_vacuum = INCREMENTAL")
-            try db.execute(GatewayStore.pragmas)
-            for migration in Schema.migrations where migration.version <= 3 {
-                try db.writeTransaction {
-                    try db.execute(migration.sql)
-                    try db.execute("PRAGMA user_version = \(migration.version)")
-                }
-            }
-        }
+        _ = try Self.makeVersion3Store(at: path)
         // Another process's connection (ferry status, the uplink) that read the old definition first.
         let watcher = try Database.open(path: path)
         let bogus = "INSERT INTO outbox_events (id, event_type, payload, status, next_retry_at, created_at, peripheral, epoch) VALUES ('w', 'BOGUS', '{}', 'PENDING', 0, 0, 'p', 'e')"
