@@ -146,12 +146,7 @@ public final class GatewayStore {
                     throw foreignFile(path)
                 }
                 guard let next = Schema.migrations.first(where: { $0.version > current }) else { return true }
-                try database.execute(next.sql)
-                if next.rewritesDefinitions {
-                    let schemaVersion = try database.integer("PRAGMA schema_version") ?? 0
-                    try database.execute("PRAGMA schema_version = \(schemaVersion + 1)")
-                }
-                try database.execute("PRAGMA user_version = \(next.version)")
+                try Schema.apply(next, to: database)
                 return false
             }
             if done { return }

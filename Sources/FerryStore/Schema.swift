@@ -127,6 +127,17 @@ enum Schema {
     ]
 
     static var latestVersion: Int64 { migrations.last!.version }
+
+    /// Applies one migration inside the caller's transaction and records its version: the one way a store gets
+    /// it (`GatewayStore.migrate`, and tests building a store as an older Ferry left it).
+    static func apply(_ migration: (version: Int64, sql: String, rewritesDefinitions: Bool), to database: Database) throws {
+        try database.execute(migration.sql)
+        if migration.rewritesDefinitions {
+            let schemaVersion = try database.integer("PRAGMA schema_version") ?? 0
+            try database.execute("PRAGMA schema_version = \(schemaVersion + 1)")
+        }
+        try database.execute("PRAGMA user_version = \(migration.version)")
+    }
 }
 
 public enum StoreError: Error, CustomStringConvertible, Sendable {

@@ -17,14 +17,7 @@ import Testing
         try db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         try db.execute(GatewayStore.pragmas)
         for migration in Schema.migrations where migration.version <= version {
-            try db.writeTransaction {
-                try db.execute(migration.sql)
-                if migration.rewritesDefinitions {
-                    let schemaVersion = try db.integer("PRAGMA schema_version") ?? 0
-                    try db.execute("PRAGMA schema_version = \(schemaVersion + 1)")
-                }
-                try db.execute("PRAGMA user_version = \(migration.version)")
-            }
+            try db.writeTransaction { try Schema.apply(migration, to: db) }
         }
     }
 

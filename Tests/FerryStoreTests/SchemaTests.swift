@@ -108,10 +108,7 @@ import Testing
         try db.execute("PRAGMA auto_vacuum = INCREMENTAL")
         try db.execute(GatewayStore.pragmas)
         for migration in Schema.migrations where migration.version <= 3 {
-            try db.writeTransaction {
-                try db.execute(migration.sql)
-                try db.execute("PRAGMA user_version = \(migration.version)")
-            }
+            try db.writeTransaction { try Schema.apply(migration, to: db) }
         }
         return db
     }
