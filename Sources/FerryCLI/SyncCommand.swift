@@ -243,11 +243,11 @@ enum SyncCommand {
         }
         let runner = link.runner
         let transport = link.transport
-        let continuation = link.continuation
+        let events = link.events
         // The overall timeout and Ctrl-C both end the session the graceful way: commit, ACK, disconnect.
         let stopper = Task {
             try? await Task.sleep(for: remaining())
-            continuation.yield(.stop)
+            events.yield(.stop)
         }
         let report = await withTaskCancellationHandler {
             await worker.run(link) { runner in
@@ -258,7 +258,7 @@ enum SyncCommand {
                         + " (\(s.framesStored) frames stored)")
             }
         } onCancel: {
-            continuation.yield(.stop)
+            events.yield(.stop)
         }
         stopper.cancel()
         let ended = (runner.summary.end ?? .linkLost).description

@@ -8,14 +8,14 @@ import FerrySync
 #endif
 
 /// The Sync service of one connected peripheral, over BlueZ. Notifications are pushed into the driver's
-/// event stream so bytes, link loss, timers and stop requests reach the session in one order.
+/// event queue (`LinkEvents`) so bytes, link loss, timers and stop requests reach the session in one order.
 public final class BlueZSyncTransport: SyncTransport {
     public let device: BlueZDevice
     public let service: BlueZGattService
     private let data: BlueZGattCharacteristic
     private let control: BlueZGattCharacteristic
     private let streamInfo: BlueZGattCharacteristic?
-    private let events: AsyncStream<LinkEvent>.Continuation
+    private let events: LinkEvents
     private let preferredNotify: GattNotifyMethod
     private let log: any LogSink
     private var notifications: BlueZNotifications?
@@ -80,7 +80,7 @@ public final class BlueZSyncTransport: SyncTransport {
 
     /// Finds the Sync characteristics under `service`. Throws `.notFound` if DATA or CONTROL is missing.
     public init(
-        device: BlueZDevice, service: BlueZGattService, events: AsyncStream<LinkEvent>.Continuation,
+        device: BlueZDevice, service: BlueZGattService, events: LinkEvents,
         preferredNotify: GattNotifyMethod = .acquireNotify, log: any LogSink
     ) async throws {
         self.device = device

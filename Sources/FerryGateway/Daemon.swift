@@ -77,7 +77,7 @@ public actor GatewayDaemon {
         /// The session stays connected for live events (holds its slot while the link lasts).
         var staysConnected = false
         /// Set once the session has a live link; `.stop` goes there.
-        var control: AsyncStream<LinkEvent>.Continuation?
+        var control: LinkEvents?
         /// Monotonic time the slot was taken (the live view's session age).
         var startedAt: Double = 0
     }
@@ -657,7 +657,7 @@ public actor GatewayDaemon {
         let clock = self.clock
         let task = Task {
             let result = await SlotSession(settings: settings, client: client, adapter: adapter, sink: log, clock: clock)
-                .run(register: { continuation in await self.attach(policy.address, continuation) })
+                .run(register: { events in await self.attach(policy.address, events) })
             await self.finished(policy.address, result)
         }
         sessions[policy.address] = ActiveSession(
@@ -684,8 +684,8 @@ public actor GatewayDaemon {
 
     /// A session got its link: from now on a stop is delivered as `.stop`. Returns false if the daemon is
     /// stopping (the session then disconnects without starting).
-    private func attach(_ address: PeripheralAddress, _ continuation: AsyncStream<LinkEvent>.Continuation) -> Bool {
-        sessions[address]?.control = continuation
+    private func attach(_ address: PeripheralAddress, _ events: LinkEvents) -> Bool {
+        sessions[address]?.control = events
         wakeup.signal()  // the live view's phase changed
         return !stopping && configuration.policy(for: address, trusted: trusted) != nil
     }
@@ -891,7 +891,7 @@ struct SlotSession: Sendable {
     var address: PeripheralAddress { settings.policy.address }
     var log: Logger { Logger(sink: sink).with(peripheral: address.string) }
 
-    func run(register: @Sendable (AsyncStream<LinkEvent>.Continuation) async -> Bool) async -> SessionResult {
+    func run(register: @Sendable (LinkEvents) async -> Bool) async -> SessionResult {
         var configuration = settings.configuration
         configuration.stayConnected = settings.policy.stayConnected
         var worker = SessionWorker.Settings(
@@ -928,7 +928,7 @@ struct SlotSession: Sendable {
                 return SessionResult(outcome: .failed)
             }
         }
-        guard await register(session.continuation) else {
+        guard await register(session.events) else {
             await session.abandon()
             return SessionResult(outcome: .interrupted(backlog: nil))
         }

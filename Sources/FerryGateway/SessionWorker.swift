@@ -10,7 +10,7 @@ import FerrySync
 /// `LiveSessionDriver` → a `Report`.
 ///
 /// What differs between the two commands is knobs (`Settings`), hooks (phase marks, progress, registering the
-/// event stream with the daemon between `open` and `run`) and how each words a failure: `Failure` is typed so
+/// event queue with the daemon between `open` and `run`) and how each words a failure: `Failure` is typed so
 /// each says it its own way (a log line and a scheduler outcome, or a one-line error and an exit status).
 public struct SessionWorker: Sendable {
     public struct Settings: Sendable {
@@ -75,9 +75,8 @@ public struct SessionWorker: Sendable {
     public struct Session {
         public let runner: SyncSessionRunner
         public let transport: BlueZSyncTransport
-        /// The runner's event stream: a caller stops the session by yielding `.stop` (the daemon registers it).
-        public let continuation: AsyncStream<LinkEvent>.Continuation
-        let events: AsyncStream<LinkEvent>
+        /// The runner's event queue: a caller stops the session by yielding `.stop` (the daemon registers it).
+        public let events: LinkEvents
         /// The session's own thread: its store connection lives there, and `run` drives the session there, so
         /// a commit's fsync (or a busy wait on another writer) never holds a thread of the cooperative pool.
         let thread: DatabaseThread
@@ -86,7 +85,7 @@ public struct SessionWorker: Sendable {
 
         /// Gives up an opened session without running it (the daemon is stopping): the link is released.
         public func abandon() async {
-            continuation.finish()
+            events.finish()
             await transport.disconnect()
             thread.stop()
         }
@@ -157,7 +156,7 @@ public struct SessionWorker: Sendable {
         try await refuseUnbonded(device)
         step(.servicesResolved)
         let connectSeconds = clock.now() - started
-        let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
+        let events = LinkEvents()
         let thread = DatabaseThread(name: "ferry-session")
         let store: GatewayStore
         let transport: BlueZSyncTransport
@@ -165,11 +164,11 @@ public struct SessionWorker: Sendable {
             let path = settings.databasePath
             store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
             transport = try await BlueZSyncTransport(
-                device: device, service: service, events: continuation, preferredNotify: settings.preferredNotify,
+                device: device, service: service, events: events, preferredNotify: settings.preferredNotify,
                 log: sink)
         } catch {
             thread.stop()
-            continuation.finish()
+            events.finish()
             try? await device.disconnect()
             throw .cannotStart(error)
         }
@@ -178,7 +177,7 @@ public struct SessionWorker: Sendable {
             clock: clock, log: sink, diskBudgetBytes: settings.diskBudgetBytes)
         runner.metrics = settings.metrics
         return Session(
-            runner: runner, transport: transport, continuation: continuation, events: events, thread: thread,
+            runner: runner, transport: transport, events: events, thread: thread,
             connectSeconds: connectSeconds)
     }
 
@@ -189,10 +188,10 @@ public struct SessionWorker: Sendable {
         // Everything the session does between awaits (decoding, the state machine, the store's commit) runs on
         // the session's thread; the awaits themselves (D-Bus calls, the next notification) leave it free.
         await LiveSessionDriver.run(
-            runner: runner, events: session.events, continuation: session.continuation, clock: clock,
+            runner: runner, events: session.events, clock: clock,
             executor: session.thread, afterEvent: afterEvent)
         session.thread.stop()
-        session.continuation.finish()
+        session.events.finish()
         let s = runner.summary
         let head = runner.machine.knownHead
         let backlog = head.map { $0 > s.cursor ? $0 - s.cursor : 0 }

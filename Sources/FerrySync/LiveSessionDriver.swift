@@ -12,25 +12,25 @@ public enum LinkEvent: Sendable {
     case stop
 }
 
-/// Runs a session over a live link: one loop consumes `LinkEvent`s and hands them to the runner, arming a
-/// timer for the runner's next deadline. Returns when the runner has finished.
+/// Runs a session over a live link: one loop takes the `LinkEvent`s queued since its last turn and hands them
+/// to the runner, arming a timer for the runner's next deadline. Returns when the runner has finished.
 public enum LiveSessionDriver {
     /// `executor`: where the loop runs between awaits — the runner, its state machine and its store's commits.
     /// The thread that owns the runner's store connection (`DatabaseThread`), so sqlite3's blocking calls stay
     /// off the cooperative pool; nil: wherever the caller runs.
     public static func run(
-        runner: SyncSessionRunner, events: AsyncStream<LinkEvent>, continuation: AsyncStream<LinkEvent>.Continuation,
-        clock: any MonotonicClock = SystemMonotonicClock(), executor: (any TaskExecutor)? = nil,
+        runner: SyncSessionRunner, events: LinkEvents, clock: any MonotonicClock = SystemMonotonicClock(),
+        executor: (any TaskExecutor)? = nil,
         afterEvent: (SyncSessionRunner) -> Void = { _ in }  // a progress display; runs in this task, between events
     ) async {
         await withTaskExecutorPreference(executor) {
-            await loop(runner: runner, events: events, continuation: continuation, clock: clock, afterEvent: afterEvent)
+            await loop(runner: runner, events: events, clock: clock, afterEvent: afterEvent)
         }
     }
 
     private static func loop(
-        runner: SyncSessionRunner, events: AsyncStream<LinkEvent>, continuation: AsyncStream<LinkEvent>.Continuation,
-        clock: any MonotonicClock, afterEvent: (SyncSessionRunner) -> Void
+        runner: SyncSessionRunner, events: LinkEvents, clock: any MonotonicClock,
+        afterEvent: (SyncSessionRunner) -> Void
     ) async {
         await runner.start()
         // The session can end during start (STREAM_INFO unreadable, subscribe refused): then no event will
@@ -54,23 +54,32 @@ public enum LiveSessionDriver {
             let delay = max(0, deadline - clock.now())
             timer = Task {
                 try? await Task.sleep(nanoseconds: UInt64(delay * 1e9) + 1_000_000)
-                if !Task.isCancelled { continuation.yield(.tick) }
+                if !Task.isCancelled { events.yield(.tick) }
             }
         }
         rearm()
-        for await event in events {
-            if runner.finished { break }
-            switch event {
-            case .bytes(let chunk): await runner.receive(chunk)
-            case .linkEnded: await runner.linkLost()
-            case .tick:
-                armedFor = nil
-                await runner.timerFired()
-            case .stop: await runner.stop()
+        batches: while let batch = await events.next() {
+            var chunks: [[UInt8]] = []
+            for (position, event) in batch.enumerated() {
+                if runner.finished { break batches }
+                switch event {
+                case .bytes(let chunk):
+                    // Consecutive chunks go to the runner together: it hands them all to the state machine
+                    // before the first commit runs, so what piled up meanwhile is committed as one group.
+                    chunks.append(chunk)
+                    if position + 1 < batch.count, case .bytes = batch[position + 1] { continue }
+                    await runner.receive(chunks)
+                    chunks.removeAll(keepingCapacity: true)
+                case .linkEnded: await runner.linkLost()
+                case .tick:
+                    armedFor = nil
+                    await runner.timerFired()
+                case .stop: await runner.stop()
+                }
+                afterEvent(runner)
+                if runner.finished { break batches }
+                rearm()
             }
-            afterEvent(runner)
-            if runner.finished { break }
-            rearm()
         }
         timer?.cancel()
     }

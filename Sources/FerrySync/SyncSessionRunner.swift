@@ -174,14 +174,26 @@ public final class SyncSessionRunner {
     }
 
     public func receive(_ bytes: [UInt8]) async {
-        summary.bytesReceived &+= bytes.count
-        metrics?.received(bytes: bytes.count)
+        await receive(CollectionOfOne(bytes))
+    }
+
+    /// Chunks that arrived together, in order: all of them reach the state machine before any action runs, so
+    /// frames that piled up behind a slow commit are staged and then committed as one group (the machine
+    /// expects frames to arrive while a commit is outstanding; executing a commit at once made every one
+    /// of them wait for a commit of its own).
+    public func receive(_ chunks: some Collection<[UInt8]>) async {
         let now = clock.now()
-        if !bytes.isEmpty {
-            reached(\.firstData)
-            phases.lastData = now
+        var actions: [SyncAction] = []
+        for bytes in chunks {
+            summary.bytesReceived &+= bytes.count
+            metrics?.received(bytes: bytes.count)
+            if !bytes.isEmpty {
+                reached(\.firstData)
+                phases.lastData = now
+            }
+            actions += machine.bytesReceived(bytes, now: now)
         }
-        await execute(machine.bytesReceived(bytes, now: now))
+        await execute(actions)
     }
 
     public func timerFired() async {

@@ -19,7 +19,7 @@ import FerryFakeBlueZ
 
     private func transportWithEvents(
         _ bus: TestBus, controlFlags: [String]
-    ) async throws -> (FakeBlueZ, BlueZSyncTransport, AsyncStream<LinkEvent>) {
+    ) async throws -> (FakeBlueZ, BlueZSyncTransport, LinkEvents) {
         var tree = FakeBlueZ.adapterOnly()
         tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true, resolved: true)
         tree.merge(FakeBlueZ.gattObjects()) { _, new in new }
@@ -29,9 +29,9 @@ import FerryFakeBlueZ
         let device = client.device(address: FakeBlueZ.deviceAddress, on: try await client.adapter())
         let service = try await device.waitUntilServicesResolved(
             serviceUUID: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID])
-        let (events, continuation) = AsyncStream<LinkEvent>.makeStream()
+        let events = LinkEvents()
         let transport = try await BlueZSyncTransport(
-            device: device, service: service, events: continuation, log: NullLogSink())
+            device: device, service: service, events: events, log: NullLogSink())
         return (fake, transport, events)
     }
 
@@ -46,13 +46,14 @@ import FerryFakeBlueZ
         fake.dropNotifySocket()
         var received: [[UInt8]] = []
         var ended = false
-        for await event in events {
-            switch event {
-            case .bytes(let chunk): received.append(chunk)
-            case .linkEnded: ended = true
-            default: break
+        while !ended, let batch = await events.next() {
+            for event in batch {
+                switch event {
+                case .bytes(let chunk): received.append(chunk)
+                case .linkEnded: ended = true
+                default: break
+                }
             }
-            if ended { break }
         }
         #expect(received == sent)
         #expect(ended, "end of file on the socket is the link's end")

@@ -47,15 +47,15 @@ import Testing
             configuration: configuration)
         let counters = CommitThreads(thread: thread)
         runner.metrics = counters
-        let (events, continuation) = AsyncStream<LinkEvent>.makeStream(bufferingPolicy: .unbounded)
+        let events = LinkEvents()
         // Three windows of 20 frames, ten frames per notification, then the link drops.
         for first in stride(from: UInt64(1), through: 51, by: 10) {
             let bytes = (first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0 % 251)]).encoded() }
-            continuation.yield(.bytes(bytes))
+            events.yield(.bytes(bytes))
         }
-        continuation.yield(.linkEnded)
+        events.yield(.linkEnded)
         #expect(!thread.isCurrent)
-        await LiveSessionDriver.run(runner: runner, events: events, continuation: continuation, executor: thread)
+        await LiveSessionDriver.run(runner: runner, events: events, executor: thread)
         #expect(runner.summary.framesStored == 60)
         #expect(runner.summary.end == .linkLost)
         #expect(counters.commits.count >= 3)

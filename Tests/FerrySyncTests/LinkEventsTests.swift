@@ -1,0 +1,110 @@
+import FerryProtocol
+import FerryStore
+import FerrySync
+import Foundation
+import Testing
+
+/// The queue between a live link and its session loop, and what taking events in batches buys: frames that
+/// piled up behind a commit are committed together.
+@Suite struct LinkEventsTests {
+    private func describe(_ batch: [LinkEvent]?) -> [String]? {
+        batch?.map { event in
+            switch event {
+            case .bytes(let chunk): "bytes\(chunk)"
+            case .linkEnded: "linkEnded"
+            case .tick: "tick"
+            case .stop: "stop"
+            }
+        }
+    }
+
+    @Test func queuedEventsComeAsOneBatchInOrder() async {
+        let events = LinkEvents()
+        events.yield(.bytes([1]))
+        events.yield(.tick)
+        events.yield(.bytes([2]))
+        #expect(describe(await events.next()) == ["bytes[1]", "tick", "bytes[2]"])
+        events.yield(.stop)
+        #expect(describe(await events.next()) == ["stop"])
+    }
+
+    @Test func aWaitingLoopIsWokenByAnEventFromAnotherThread() async {
+        let events = LinkEvents()
+        let producer = Thread {
+            usleep(50_000)
+            events.yield(.bytes([7]))
+        }
+        producer.start()
+        #expect(describe(await events.next()) == ["bytes[7]"])
+    }
+
+    @Test func finishDeliversWhatIsQueuedThenEnds() async {
+        let events = LinkEvents()
+        events.yield(.bytes([1]))
+        events.finish()
+        events.yield(.bytes([2]))  // after finish: dropped
+        #expect(describe(await events.next()) == ["bytes[1]"])
+        #expect(await events.next() == nil)
+        #expect(await events.next() == nil)
+    }
+
+    @Test func finishWakesAWaitingLoop() async {
+        let events = LinkEvents()
+        let waiting = Task { await events.next() }
+        try? await Task.sleep(for: .milliseconds(50))
+        events.finish()
+        #expect(await waiting.value == nil)
+    }
+
+    @Test func cancellingTheWaitingTaskEndsItsWait() async {
+        let events = LinkEvents()
+        let waiting = Task { await events.next() }
+        try? await Task.sleep(for: .milliseconds(50))
+        waiting.cancel()
+        #expect(await waiting.value == nil)
+    }
+
+    /// Commits and their sizes, and every SYNC_ACK written.
+    final class Recorder: SyncTransport, SessionMetrics, @unchecked Sendable {
+        private let lock = NSLock()
+        private var commitSizes: [Int] = []
+        var hasStreamInfo: Bool { false }
+        func readStreamInfo() async throws -> [UInt8] { throw TransportError("no STREAM_INFO") }
+        func subscribe() async throws {}
+        func writeControl(_ bytes: [UInt8]) async throws {}
+        func writeAck(_ bytes: [UInt8]) async throws {}
+        func disconnect() async {}
+        func received(bytes: Int) {}
+        func stored(frames: Int) { lock.withLock { commitSizes.append(frames) } }
+        var commits: [Int] { lock.withLock { commitSizes } }
+    }
+
+    /// Six notifications of ten frames arrive while the loop is busy (here: before it runs). With window 100
+    /// and an ACK every 20, the first cadence is committed as soon as it is complete, and the 40 frames that
+    /// arrived behind it in one transaction: two commits, not three, and the peripheral still sees an ACK
+    /// at every cadence boundary.
+    @Test func framesQueuedBehindACommitAreCommittedAsOneGroup() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-batch-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try GatewayStore(path: directory.appendingPathComponent("ferry.sqlite").path)
+        var configuration = SyncSession.Configuration()
+        configuration.window = 100
+        configuration.ackBatch = 20
+        let link = Recorder()
+        let runner = SyncSessionRunner(
+            peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: link,
+            configuration: configuration)
+        runner.metrics = link
+        let events = LinkEvents()
+        for first in stride(from: UInt64(1), through: 51, by: 10) {
+            events.yield(.bytes((first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }))
+        }
+        events.yield(.linkEnded)
+        await LiveSessionDriver.run(runner: runner, events: events)
+        #expect(runner.summary.framesStored == 60)
+        #expect(link.commits == [20, 40])
+        #expect(runner.acksSent == [20, 40, 60])
+        #expect(runner.summary.end == .linkLost)
+    }
+}
