@@ -132,24 +132,23 @@ public final class GatewayStore {
         .notADatabase(path: path, detail: "it holds another application's tables (schema version 0), not Ferry's")
     }
 
-    /// Each step reads `user_version` INSIDE its BEGIN IMMEDIATE: with two processes opening a new or old store
-    /// at once, the second waits for the first's write lock and then sees the version the first committed,
-    /// instead of re-running a migration it read as pending before the lock (issue 12).
+    /// Reads `user_version` INSIDE its BEGIN IMMEDIATE: with two processes opening a new or old store at once,
+    /// the second waits for the first's write lock and then sees the version the first committed, instead of
+    /// re-running a migration it read as pending before the lock (issue 12). Every pending migration goes in
+    /// that one transaction: a new file is created with one commit (one WAL write and fsync, not one per
+    /// version), and a failing migration leaves the file as it was.
     private static func migrate(_ database: Database, path: String) throws {
-        while true {
-            let done: Bool = try database.writeTransaction {
-                let current = try database.integer("PRAGMA user_version") ?? 0
-                guard current <= Schema.latestVersion else {
-                    throw StoreError.schemaTooNew(found: current, supported: Schema.latestVersion)
-                }
-                if current == 0, try database.integer("SELECT count(*) FROM sqlite_master") ?? 0 > 0 {
-                    throw foreignFile(path)
-                }
-                guard let next = Schema.migrations.first(where: { $0.version > current }) else { return true }
-                try Schema.apply(next, to: database)
-                return false
+        try database.writeTransaction {
+            let current = try database.integer("PRAGMA user_version") ?? 0
+            guard current <= Schema.latestVersion else {
+                throw StoreError.schemaTooNew(found: current, supported: Schema.latestVersion)
             }
-            if done { return }
+            if current == 0, try database.integer("SELECT count(*) FROM sqlite_master") ?? 0 > 0 {
+                throw foreignFile(path)
+            }
+            for migration in Schema.migrations where migration.version > current {
+                try Schema.apply(migration, to: database)
+            }
         }
     }
 

@@ -1,6 +1,6 @@
-/// Versioned schema migrations, tracked with `PRAGMA user_version`. Each migration runs in its own
-/// transaction, which also reads the version (concurrent first opens); a database newer than this binary is
-/// refused rather than guessed at.
+/// Versioned schema migrations, tracked with `PRAGMA user_version`. The pending ones run in one transaction,
+/// which also reads the version (concurrent first opens); a database newer than this binary is refused rather
+/// than guessed at.
 ///
 /// Table and column names are a contract: operators query the file directly (PROTOCOL §5).
 enum Schema {
