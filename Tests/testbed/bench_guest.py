@@ -115,7 +115,8 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
                                        if after["peripherals"] is not None and before["peripherals"] is not None else None),
            "peripheral_frames_sent": s["frames_sent"], "peripheral_notifications_sent": s["notifications_sent"],
            "peripheral_violations": s["violations"], "peripheral_acks_received": s["acks_received"],
-           "peripheral_highest_ack": s["highest_ack"], "mtu": s.get("mtu"), "reported": reported}
+           "peripheral_highest_ack": s["highest_ack"], "mtu": s.get("mtu"),
+           "peripheral_window_wait_seconds": s.get("window_wait_seconds"), "reported": reported}
     if s.get("first_data_at") is not None and s.get("last_data_at") is not None:
         row["data_seconds"] = round(s["last_data_at"] - s["first_data_at"], 4)
     if s.get("connected_at") is not None and s.get("disconnected_at") is not None:

@@ -207,6 +207,7 @@ class Session:
     out: list[OutFrame] = field(default_factory=list)
     frames_sent: int = 0
     stalled: bool = False  # the `stall` fault hit on this connection: nothing new is sent any more
+    window_full_since: float | None = None  # events waiting, none sendable: the window is used up
     authenticated: bool = False  # encrypted with a key from passkey (MITM) pairing
 
 
@@ -258,6 +259,9 @@ class SyncPeripheral:
             # The peripheral's own clock (time.monotonic in the guest), for benchmarks: the first and the last
             # DATA frame put on the air, the first connection and the last disconnection.
             "first_data_at": None, "last_data_at": None, "connected_at": None, "disconnected_at": None,
+            # Seconds the peripheral had events to send but had used up the gateway's window (waiting for an
+            # ACK): what a pipelined window is meant to remove.
+            "window_wait_seconds": 0.0,
         }
         self.dirty = True
 
@@ -677,7 +681,13 @@ class SyncPeripheral:
     async def send_one(self, session: Session) -> bool:
         self.refill(session)
         if not session.out:
+            if (session.window_full_since is None and not session.stalled
+                    and session.next_seq <= self.store.head and session.next_seq > session.ack_base + session.window):
+                session.window_full_since = time.monotonic()
             return False
+        if session.window_full_since is not None:
+            self.stats["window_wait_seconds"] += time.monotonic() - session.window_full_since
+            session.window_full_since = None
         mtu_payload = session.connection.att_mtu - 3
         size = mtu_payload if self.args.chunk <= 0 else min(self.args.chunk, mtu_payload)
         if "slow" in self.faults:
