@@ -3,7 +3,7 @@
 emulated peripheral with the same events (all peripherals get the same --events; unpaced, MTU 517):
 
   ferry-w20        ferry sync --window 20 --ack-every 20    (stop-and-wait, the comparison with bleak)
-  ferry-pipelined  ferry sync --window W --ack-every 20     (Ferry's default: W = 100)
+  ferry-pipelined  ferry sync --window W --ack-every 20     (Ferry's default: W = 500)
   bleak-w20        bleak_reader.py --window 20 --ack-every 20 (AcquireNotify, ACKs without response)
 
 `--rounds R` runs the three R times, in a rotating order (R × 3 peripherals needed). One session at a time:
@@ -161,7 +161,7 @@ def main() -> int:
     # The guest does not inherit the host's environment: the knobs come as arguments.
     rounds = int(arg("--rounds", "3"))
     b.FERRY = arg("--ferry", b.FERRY)  # scripts/bench-bluez passes the release build
-    pipelined = int(arg("--pipelined-window", "100"))
+    pipelined = int(arg("--pipelined-window", "500"))
     readers = [("ferry-w20", 20, 20), ("bleak-w20", 20, 20), ("ferry-pipelined", pipelined, 20)]
     plan = []
     for r in range(rounds):
