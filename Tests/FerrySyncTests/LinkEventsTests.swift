@@ -64,19 +64,13 @@ import Testing
         #expect(await waiting.value == nil)
     }
 
-    /// Commits and their sizes, and every SYNC_ACK written.
-    final class Recorder: SyncTransport, SessionMetrics, @unchecked Sendable {
+    /// The size of each commit, in order.
+    final class CommitSizes: SessionMetrics, @unchecked Sendable {
         private let lock = NSLock()
-        private var commitSizes: [Int] = []
-        var hasStreamInfo: Bool { false }
-        func readStreamInfo() async throws -> [UInt8] { throw TransportError("no STREAM_INFO") }
-        func subscribe() async throws {}
-        func writeControl(_ bytes: [UInt8]) async throws {}
-        func writeAck(_ bytes: [UInt8]) async throws {}
-        func disconnect() async {}
+        private var sizes: [Int] = []
         func received(bytes: Int) {}
-        func stored(frames: Int) { lock.withLock { commitSizes.append(frames) } }
-        var commits: [Int] { lock.withLock { commitSizes } }
+        func stored(frames: Int) { lock.withLock { sizes.append(frames) } }
+        var commits: [Int] { lock.withLock { sizes } }
     }
 
     /// Six notifications of ten frames arrive while the loop is busy (here: before it runs). With window 100
@@ -91,11 +85,11 @@ import Testing
         var configuration = SyncSession.Configuration()
         configuration.window = 100
         configuration.ackBatch = 20
-        let link = Recorder()
+        let commits = CommitSizes()
         let runner = SyncSessionRunner(
-            peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: link,
+            peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: SessionThreadTests.QuietLink(),
             configuration: configuration)
-        runner.metrics = link
+        runner.metrics = commits
         let events = LinkEvents()
         for first in stride(from: UInt64(1), through: 51, by: 10) {
             events.yield(.bytes((first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }))
@@ -103,7 +97,7 @@ import Testing
         events.yield(.linkEnded)
         await LiveSessionDriver.run(runner: runner, events: events)
         #expect(runner.summary.framesStored == 60)
-        #expect(link.commits == [20, 40])
+        #expect(commits.commits == [20, 40])
         #expect(runner.acksSent == [20, 40, 60])
         #expect(runner.summary.end == .linkLost)
     }
