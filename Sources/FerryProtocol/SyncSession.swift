@@ -28,6 +28,11 @@ public struct SyncSession: Sendable {
         /// SYNC_REQ attempts without an answer before giving up on the connection.
         public var maxRequestAttempts: Int = 3
         public var maxPayloadLength: Int = FrameDecoder.defaultMaxPayloadLength
+        /// A grouped commit (several cadences that piled up behind a slow commit) stops adding cadences before its
+        /// frames' payloads pass this many bytes: the commit becomes one outbox event, and the uplink's default
+        /// batch limit is 256 KiB (an event above it still goes, alone, in a batch of its own). One cadence is
+        /// always committed whatever its size.
+        public var maxGroupPayloadBytes: Int = 256 * 1024
         /// After catching up: stay subscribed for live events (true) or disconnect to free the slot (false).
         public var stayConnected: Bool = false
         /// Liveness bound: while the session expects more (not caught up, a gap being resolved...), it ends
@@ -527,15 +532,22 @@ public struct SyncSession: Sendable {
     /// (the store is slower than the air): commit whole cadences, up to one window's worth, in one transaction
     /// instead of one transaction each. What a transaction costs (locks, WAL frames, fsync) is per commit, not
     /// per frame, so a gateway that falls behind catches up instead of falling further behind. The window bounds
-    /// the transaction even when a peripheral sends past it. Not for a gap (its batch is special) nor when
-    /// flushing.
+    /// the transaction even when a peripheral sends past it, and so does `maxGroupPayloadBytes`. Not for a gap
+    /// (its batch is special) nor when flushing.
     private mutating func commitStaged(acknowledge: Bool, grouping: Bool = false) -> [SyncAction] {
         precondition(commitInFlight == nil)
         let cadence = self.cadence
         let groupable = min(staged.count, max(Int(configuration.window), cadence))
-        let count =
-            grouping && stagedGap == nil && groupable >= 2 * cadence
-            ? groupable / cadence * cadence : min(staged.count, cadence)
+        var count = min(staged.count, cadence)
+        if grouping && stagedGap == nil && groupable >= 2 * cadence {
+            var bytes = staged[..<count].reduce(0) { $0 + $1.payload.count }
+            while count + cadence <= groupable {
+                let next = staged[count..<(count + cadence)].reduce(0) { $0 + $1.payload.count }
+                guard bytes + next <= configuration.maxGroupPayloadBytes else { break }
+                bytes += next
+                count += cadence
+            }
+        }
         let frames = Array(staged.prefix(count))
         staged.removeFirst(count)
         let gap = stagedGap

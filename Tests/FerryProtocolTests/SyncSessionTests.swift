@@ -107,6 +107,31 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.commitFinished(cursor: 60, now: 1.03) == [.sendSyncAck(40), .sendSyncAck(60), batch(60, 61...100)])
     }
 
+    /// Large frames: a grouped commit stops adding cadences before its payloads pass `maxGroupPayloadBytes` (it
+    /// becomes one outbox event, which the uplink would otherwise have to send alone, above its batch limit).
+    @Test func aGroupedCommitIsBoundedByItsPayloadBytes() {
+        var configuration = SyncSession.Configuration()
+        configuration.window = 500
+        configuration.maxGroupPayloadBytes = 2 * 20 * 100 + 10  // two cadences of 100-byte payloads, not three
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 300), configuration: configuration)
+        let big = { (seqs: ClosedRange<UInt64>) in
+            seqs.flatMap { Frame.data(seq: $0, payload: [UInt8](repeating: UInt8($0 % 256), count: 100)).encoded() }
+        }
+        guard case .commit(let first) = s.bytesReceived(big(1...20), now: 1).first else {
+            Issue.record("no commit for the first cadence")
+            return
+        }
+        #expect(first.frames.count == 20)
+        #expect(s.bytesReceived(big(21...120), now: 1.01) == [])
+        let next = s.commitFinished(cursor: 20, now: 1.02)
+        #expect(next.first == .sendSyncAck(20))
+        guard case .commit(let grouped) = next.last else {
+            Issue.record("no grouped commit: \(next)")
+            return
+        }
+        #expect(grouped.frames.map(\.seq) == Array(21...60), "two cadences fit the payload bound, a third does not")
+    }
+
     @Test func duplicatesAreDroppedAndCounted() {
         var (s, start) = startedSession(cursor: 10, streamInfo: info(oldest: 1, head: 30))
         #expect(start == [.subscribe, .sendSyncAck(10), .sendSyncRequest(lastCommitted: 10, window: Frame.defaultWindow)])
