@@ -48,19 +48,13 @@ import Testing
         #expect(await events.next() == nil)
     }
 
-    @Test func finishWakesAWaitingLoop() async {
+    /// A loop waiting for events is woken, with nil, by `finish()` and by its task's cancellation.
+    @Test(arguments: ["finish", "cancel"])
+    func aWaitingLoopIsEndedBy(_ ending: String) async {
         let events = LinkEvents()
         let waiting = Task { await events.next() }
         try? await Task.sleep(for: .milliseconds(50))
-        events.finish()
-        #expect(await waiting.value == nil)
-    }
-
-    @Test func cancellingTheWaitingTaskEndsItsWait() async {
-        let events = LinkEvents()
-        let waiting = Task { await events.next() }
-        try? await Task.sleep(for: .milliseconds(50))
-        waiting.cancel()
+        if ending == "finish" { events.finish() } else { waiting.cancel() }
         #expect(await waiting.value == nil)
     }
 
