@@ -29,10 +29,13 @@ public struct SyncSession: Sendable {
         public var maxRequestAttempts: Int = 3
         public var maxPayloadLength: Int = FrameDecoder.defaultMaxPayloadLength
         /// A grouped commit (several cadences that piled up behind a slow commit) stops adding cadences before its
-        /// frames' payloads pass this many bytes: the commit becomes one outbox event, and the uplink's default
-        /// batch limit is 256 KiB (an event above it still goes, alone, in a batch of its own). One cadence is
-        /// always committed whatever its size.
-        public var maxGroupPayloadBytes: Int = 256 * 1024
+        /// frames' payloads pass this many bytes: the commit becomes one outbox event, which should fit one uplink
+        /// batch (an event above the batch limit still goes, alone, in a batch of its own). One cadence is always
+        /// committed whatever its size.
+        public var maxGroupPayloadBytes: Int = Configuration.defaultMaxGroupPayloadBytes
+        /// 256 KiB: also the store's default uplink batch limit (`ClaimLimits.maxPayloadBytes`), so that one
+        /// grouped commit fits one batch.
+        public static let defaultMaxGroupPayloadBytes = 256 * 1024
         /// After catching up: stay subscribed for live events (true) or disconnect to free the slot (false).
         public var stayConnected: Bool = false
         /// Liveness bound: while the session expects more (not caught up, a gap being resolved...), it ends

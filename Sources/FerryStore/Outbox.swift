@@ -1,4 +1,5 @@
 import FerryCore
+import FerryProtocol
 import Foundation
 
 /// One row of `outbox_events`.
@@ -52,8 +53,9 @@ public enum OutboxStatus: String, Sendable, CaseIterable {
 public struct ClaimLimits: Sendable, Equatable {
     public var maxEvents = 50
     public var maxFrames = 1000
-    /// Sum of frame payload bytes (before base64); the first event is always taken whatever its size.
-    public var maxPayloadBytes = 256 * 1024
+    /// Sum of frame payload bytes (before base64); the first event is always taken whatever its size. The same
+    /// bound caps a session's grouped commit (one outbox event), so one such event fits one batch.
+    public var maxPayloadBytes = SyncSession.Configuration.defaultMaxGroupPayloadBytes
     public init() {}
 }
 
