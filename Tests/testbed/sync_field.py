@@ -245,7 +245,9 @@ def scenario_b(c: b.Checks, p3: str, state_dir: str, db: str) -> None:
     alive = daemon.alive()
     rc = daemon.stop()
     c.check("b ferry run was running until SIGTERM and exited 0", alive and rc == 0, f"alive {alive}, exit {rc}")
-    s = b.stats(p3)
+    # The peripheral rewrites its stats file within 0.5 s: the cursor can reach the head before the file shows
+    # the last frames sent.
+    s = b.stats_when(p3, lambda st: st["frames_sent"] >= EVENTS, timeout=10)
     c.check("b the session was encrypted from the stored key: no new pairing, 0 frames over a clear link",
             s["pairings_completed"] == pairings and s["last_link_encrypted"] and s["frames_sent_unencrypted"] == 0
             and s["frames_sent"] >= EVENTS,
