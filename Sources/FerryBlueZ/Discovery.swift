@@ -44,8 +44,9 @@ public struct DiscoveryLedger: Sendable, Equatable {
         active = false
     }
 
-    /// bluetoothd restarted: its session is gone. Returns .start if users still need discovery.
-    public mutating func serviceRestarted() -> Action {
+    /// bluetoothd dropped our session: it restarted, or the adapter was powered off (bluetoothd 5.66 frees
+    /// every discovery session then, and powering on starts none). Returns .start if users still need discovery.
+    public mutating func sessionDropped() -> Action {
         guard users > 0 else {
             active = false
             return .none
@@ -195,23 +196,52 @@ public actor BlueZDiscovery {
         }
     }
 
-    private func watchForRestarts() {
-        guard restartWatcher == nil else { return }
-        let cache = adapter.cache
-        restartWatcher = Task { [weak self] in
-            let events = await cache.events()
-            for await event in events {
-                guard case .serviceAppeared = event, let self else { continue }
-                await self.restartAfterServiceRestart()
+    /// Why bluetoothd no longer runs our session although users still hold leases.
+    public enum SessionLoss: Sendable, Equatable {
+        case serviceRestarted
+        case adapterPoweredOn
+
+        /// The BlueZ change that ends our session on `adapterPath`, if `event` is one.
+        public init?(_ event: BlueZObjectEvent, adapterPath: String) {
+            switch event {
+            case .serviceAppeared:
+                self = .serviceRestarted
+            case .propertiesChanged(let path, let interface, let changed, _)
+            where path == adapterPath && interface == BlueZInterface.adapter && changed["Powered"]?.bool == true:
+                // Powered off, then on (a recovery's power cycle, rfkill, a reset through the kernel): the power-off
+                // freed the session and the power-on starts none.
+                self = .adapterPoweredOn
+            default:
+                return nil
+            }
+        }
+
+        public var description: String {
+            switch self {
+            case .serviceRestarted: "after bluetoothd came back"
+            case .adapterPoweredOn: "after the adapter was powered on again"
             }
         }
     }
 
-    private func restartAfterServiceRestart() async {
-        guard ledger.serviceRestarted() == .start else { return }
+    private func watchForRestarts() {
+        guard restartWatcher == nil else { return }
+        let cache = adapter.cache
+        let adapterPath = adapter.path
+        restartWatcher = Task { [weak self] in
+            let events = await cache.events()
+            for await event in events {
+                guard let loss = SessionLoss(event, adapterPath: adapterPath), let self else { continue }
+                await self.restart(after: loss)
+            }
+        }
+    }
+
+    private func restart(after loss: SessionLoss) async {
+        guard ledger.sessionDropped() == .start else { return }
         do {
             try await start(timeout: Self.defaultStartTimeout)
-            log?("bluez: discovery on \(adapter.name) restarted after bluetoothd came back")
+            log?("bluez: discovery on \(adapter.name) restarted \(loss.description)")
         } catch {
             ledger.startFailed()
             log?("bluez: could not restart discovery on \(adapter.name): \(error)")

@@ -180,6 +180,26 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    /// bluetoothd frees every discovery session when the adapter is powered off (a recovery's power cycle) and
+    /// starts none on power-on: a lease held across it must not be left with nothing scanning.
+    @Test func discoveryHeldAcrossAPowerCycleIsStartedAgain() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let adapter = try await client.adapter()
+        let lease = try await client.discovery(on: adapter).acquire()
+        let starts = { fake.calls.filter { $0.hasPrefix("Adapter1.StartDiscovery") }.count }
+        #expect(starts() == 1)
+        try await adapter.setPowered(false)
+        try await adapter.setPowered(true)
+        let deadline = ContinuousClock.now + .seconds(5)
+        while starts() < 2 && ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(starts() == 2)
+        await lease.release()
+        #expect(fake.calls.filter { $0.hasPrefix("Adapter1.StopDiscovery") }.count == 1)
+        fake.stop()
+    }
+
     @Test func discoverRunsSharedDiscoveryUntilTheDeviceAppears() async throws {
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus)

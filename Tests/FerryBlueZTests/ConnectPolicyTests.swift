@@ -170,9 +170,26 @@ struct ConnectPolicyTests {
         #expect(ledger.acquire() == .start)
         ledger.startFailed()
         #expect(ledger.acquire() == .start)  // the next user retries the start
-        #expect(ledger.serviceRestarted() == .start)  // bluetoothd restart: start again for the 2 users
+        #expect(ledger.sessionDropped() == .start)  // bluetoothd restart or power-off: start again for the 2 users
         #expect(ledger.release() == .none)
         #expect(ledger.release() == .stop)
-        #expect(ledger.serviceRestarted() == .none)
+        #expect(ledger.sessionDropped() == .none)
+    }
+
+    @Test func discoveryIsRestartedWhenBluetoothdOrThePowerOnDroppedItsSession() {
+        typealias Loss = BlueZDiscovery.SessionLoss
+        let hci0 = "/org/bluez/hci0"
+        let adapter = BlueZInterface.adapter
+        #expect(Loss(.serviceAppeared, adapterPath: hci0) == .serviceRestarted)
+        #expect(Loss(.propertiesChanged(path: hci0, interface: adapter, changed: ["Powered": .bool(true)], invalidated: []),
+                     adapterPath: hci0) == .adapterPoweredOn)
+        // Powering off ends the session too, but a start then fails: the power-on is when to start again.
+        #expect(Loss(.propertiesChanged(path: hci0, interface: adapter, changed: ["Powered": .bool(false)], invalidated: []),
+                     adapterPath: hci0) == nil)
+        #expect(Loss(.propertiesChanged(path: "/org/bluez/hci1", interface: adapter, changed: ["Powered": .bool(true)],
+                                        invalidated: []), adapterPath: hci0) == nil)
+        #expect(Loss(.propertiesChanged(path: hci0, interface: adapter, changed: ["Discovering": .bool(false)], invalidated: []),
+                     adapterPath: hci0) == nil)
+        #expect(Loss(.serviceVanished, adapterPath: hci0) == nil)
     }
 }
