@@ -8,9 +8,11 @@ still calls it powered (the failure reported most on Pis).
  A. heal-on-reset wedge (an HCI_Reset brings it back, as with many real controllers): `ferry run` syncs a
     peripheral, the controller wedges, new events arrive; the daemon sees every connect fail, power cycles the
     adapter through bluetoothd and/or resets it through the kernel, connects work again, the new events are
-    drained; every step is in the log and in /metrics.
- B. a controller that never comes back (`wedge hci0 forever`), fresh `ferry run`: the ladder ends with ferry
-    exiting non-zero (status 1) after a power cycle and an HCI reset, so systemd would restart it.
+    drained; every step is in the log and in /metrics. In lab mode: besides each connect's own discovery, the
+    daemon holds a discovery across the power cycle, which bluetoothd drops at power-off and Ferry must start
+    again (without that, nothing was ever found after the recovery).
+ B. a controller that never comes back (`wedge hci0 forever`), fresh `ferry run` with an allowlist: the ladder
+    ends with ferry exiting non-zero (status 1) after a power cycle and an HCI reset, so systemd would restart it.
 
 Host: python3 Tests/testbed/sync_adapter.py [--results DIR]      (build ferry first: swift build)
 """
@@ -32,10 +34,11 @@ MORE = 30
 METRICS = "127.0.0.1:9464"
 
 
-def write_config(path: str, state: str, address: str) -> None:
+def write_config(path: str, state: str, address: str, lab: bool) -> None:
     with open(path, "w") as f:
         json.dump({
-            "require_bond": False, "state_dir": state, "peripherals": [address], "max_connections": 2,
+            "require_bond": False, "allow_any_sync_peripheral": lab, "state_dir": state, "peripherals": [address],
+            "max_connections": 2,
             "sync_interval_seconds": 2, "backoff_base_seconds": 1, "backoff_cap_seconds": 4,
             "connect_timeout_seconds": 10, "log_level": "info", "metrics_listen": METRICS,
             # Short thresholds so the ladder fits a CI boot (defaults: 300 / 3 / 60 / 120 / 3600 s); verify 45 s: after a
@@ -100,6 +103,24 @@ def controller() -> dict:
         return {}
 
 
+def diagnose(c: b.Checks, label: str, addr: str, daemon: "Daemon") -> None:
+    """What the CI log otherwise hides when recovery fails: the daemon's last lines, whether bluetoothd is up
+    with the adapter powered and the device known, and the kernel's Bluetooth complaints (an oops, command
+    timeouts)."""
+    c.note(f"{label} ferry run's last lines:\n" + "\n".join(daemon.text().splitlines()[-15:]))
+    up = subprocess.run(["pidof", "bluetoothd"], capture_output=True, text=True).stdout.strip()
+    adapter = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=5000", "--dest=org.bluez",
+                              f"/org/bluez/{b.adapter()}", "org.freedesktop.DBus.Properties.Get",
+                              "string:org.bluez.Adapter1", "string:Powered"], capture_output=True, text=True)
+    c.note(f"{label} bluetoothd pid {up or 'none'}; adapter Powered: "
+           f"{adapter.stdout.split()[-1] if adapter.returncode == 0 else adapter.stderr.strip()[:200]}; "
+           f"device Address {b.device_prop(addr, 'Address')}, Connected {b.device_prop(addr, 'Connected')}; "
+           f"controller {controller()}")
+    dmesg = subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()
+    kernel = [l for l in dmesg if re.search(r"Bluetooth|hci|BUG|Oops|Call Trace|RIP:", l)]
+    c.note(f"{label} kernel (last Bluetooth lines):\n" + "\n".join(kernel[-25:]))
+
+
 def scenario_heal(c: b.Checks, addr: str, config: str) -> None:
     d = Daemon(config, "ferry-run-heal.log", 400)
     try:
@@ -114,8 +135,9 @@ def scenario_heal(c: b.Checks, addr: str, config: str) -> None:
         c.check("A every connect failing is detected and a recovery step starts", step is not None,
                 f"after {step:.0f} s of ferry run" if step else d.text()[-1500:])
         recovered = d.wait_log(r"adapter recovery: connects work again after the (power cycle|hci reset)", 150)
-        c.check("A connects work again after a recovery step", recovered is not None,
-                f"after {recovered:.0f} s of ferry run" if recovered else d.text()[-1500:])
+        if not c.check("A connects work again after a recovery step", recovered is not None,
+                       f"after {recovered:.0f} s of ferry run" if recovered else d.text()[-1500:]):
+            diagnose(c, "A", addr, d)
         drained = b.wait_stats(addr, lambda s: s["highest_ack"] >= EVENTS + MORE, 90)
         c.note(f"A wedge to recovered: {time.monotonic() - wedged_at:.1f} s; controller {controller()}")
         c.check("A the events added during the wedge are drained afterwards", drained is not None,
@@ -146,6 +168,8 @@ def scenario_forever(c: b.Checks, addr: str, config: str) -> None:
         pass
     took = time.monotonic() - t0
     text = d.text()
+    if d.proc.poll() is None:
+        diagnose(c, "B", addr, d)
     rc = d.stop()
     c.note(f"B exit after {took:.1f} s with status {rc}")
     c.check("B a controller that never comes back ends in exit status 1", rc == 1, f"rc {rc}; {text[-1500:]}")
@@ -163,10 +187,12 @@ def guest() -> int:
     state = os.path.join(b.scratch(), "state")
     os.makedirs(state, mode=0o700, exist_ok=True)
     config = os.path.join(b.scratch(), "ferry.json")
-    write_config(config, state, addr)
+    write_config(config, state, addr, lab=True)
+    allowlist = os.path.join(b.scratch(), "ferry-allowlist.json")
+    write_config(allowlist, state, addr, lab=False)
     try:
         scenario_heal(c, addr, config)
-        scenario_forever(c, addr, config)
+        scenario_forever(c, addr, allowlist)
     except Exception as e:  # a crash in the scenario is a failure, with its reason in checks.json
         c.crashed(e)
     return c.finish()
