@@ -189,7 +189,7 @@ public struct SessionWorker: Sendable {
         // the session's thread; the awaits themselves (D-Bus calls, the next notification) leave it free.
         await LiveSessionDriver.run(
             runner: runner, events: session.events, clock: clock,
-            executor: session.thread, afterEvent: afterEvent)
+            thread: session.thread, afterEvent: afterEvent)
         session.thread.stop()
         session.events.finish()
         let s = runner.summary

@@ -10,15 +10,35 @@ import Foundation
 /// pool (one per core: two on a small Pi) stalls every task of the process. An actor whose `unownedExecutor` is
 /// this one runs all its methods here instead; a task that prefers it as its task executor
 /// (`withTaskExecutorPreference`) runs its nonisolated code here (a sync session, with its store).
-public final class DatabaseThread: SerialExecutor, TaskExecutor, @unchecked Sendable {
+///
+/// It also keeps one timer for the work confined to it (`setTimer`: a live session's next deadline), waited for in
+/// the same condition wait as the jobs.
+///
+/// The two roles are two executor objects on one queue: a job an actor enqueues runs isolated to the serial one;
+/// a job of a task that prefers the thread runs on the task executor, not isolated to anything. Running the
+/// latter as isolated made every nonisolated async call it made a hop (a job enqueued and run again here): some
+/// thirty per acknowledged window of a session.
+public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     // Guarded by `mutex` (pthread, not Synchronization.Mutex: ThreadSanitizer sees these handoffs).
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
-    private var jobs: [UnownedJob] = []
+    /// `isolated`: enqueued by an actor through `serialExecutor`.
+    private var jobs: [(job: UnownedJob, isolated: Bool)] = []
+    /// The thread as an actor's executor (`asUnownedSerialExecutor()`).
+    private let serialExecutor = Serial()
     private var stopping = false
     /// The thread has ended (stopped, nothing left): later jobs go to the global executor (below).
     private var exited = false
     private var threadID: pthread_t?
+    /// `setTimer`'s: when (CLOCK_MONOTONIC) and what; `generation` tells a replaced timer from the one waited for.
+    private var timer: (deadline: timespec, generation: UInt64, action: @Sendable () -> Void)?
+    private var timerGeneration: UInt64 = 0
+
+    /// The serial role: enqueues on the same thread, marked isolated. Unowned back-reference: the thread owns it.
+    private final class Serial: SerialExecutor, @unchecked Sendable {
+        unowned(unsafe) var thread: DatabaseThread?
+        func enqueue(_ job: consuming ExecutorJob) { thread!.push(UnownedJob(job), isolated: true) }
+    }
 
     /// Starts the thread; `name` shows in `top -H` / /proc (at most 15 bytes are kept).
     public init(name: String) {
@@ -27,10 +47,17 @@ public final class DatabaseThread: SerialExecutor, TaskExecutor, @unchecked Send
         pthread_mutex_init(mutex, nil)
         condition = .allocate(capacity: 1)
         condition.initialize(to: pthread_cond_t())
-        pthread_cond_init(condition, nil)
+        // Timed waits measure CLOCK_MONOTONIC, like the session's deadlines: a wall-clock step (NTP after
+        // days offline) must not fire or postpone a timer.
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
         // The kernel's name for the thread (top -H, /proc): Foundation's Thread.name does not reach it on Linux.
         // Plain open/write: Foundation's String.write(toFile:) costs more than the thread's first commit.
         let comm = Array(name.utf8.prefix(15))
+        serialExecutor.thread = self
         let thread = Thread { [self] in
             let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
             if fd >= 0 {
@@ -53,6 +80,10 @@ public final class DatabaseThread: SerialExecutor, TaskExecutor, @unchecked Send
     }
 
     public func enqueue(_ job: consuming ExecutorJob) {
+        push(UnownedJob(job), isolated: false)
+    }
+
+    private func push(_ job: UnownedJob, isolated: Bool) {
         pthread_mutex_lock(mutex)
         if exited {
             // A task that preferred this executor outlived it (a cancelled timer task waking up to end): it must
@@ -62,13 +93,14 @@ public final class DatabaseThread: SerialExecutor, TaskExecutor, @unchecked Send
             globalConcurrentExecutor.enqueue(job)
             return
         }
-        jobs.append(UnownedJob(job))
+        jobs.append((job, isolated))
         pthread_cond_signal(condition)
         pthread_mutex_unlock(mutex)
     }
 
+    /// For an actor that keeps its state on this thread (`unownedExecutor`).
     public func asUnownedSerialExecutor() -> UnownedSerialExecutor {
-        UnownedSerialExecutor(ordinary: self)
+        UnownedSerialExecutor(ordinary: serialExecutor)
     }
 
     /// True on this executor's thread (tests; assertions).
@@ -86,25 +118,75 @@ public final class DatabaseThread: SerialExecutor, TaskExecutor, @unchecked Send
         pthread_mutex_unlock(mutex)
     }
 
+    /// Runs `action` on this thread, between jobs, once `delay` seconds have passed (CLOCK_MONOTONIC); replaces
+    /// the timer set before, and nil `delay` cancels it. A live session arms its next deadline here: waiting in the
+    /// thread's own condition wait wakes no other thread, where a sleeping task's timer goes through the global
+    /// executor's timer thread and a pool thread every time it is armed, cancelled or fired.
+    public func setTimer(after delay: Double?, _ action: @escaping @Sendable () -> Void = {}) {
+        var deadline: timespec?
+        if let delay {
+            var now = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &now)
+            // Capped (about 11 days): a deadline that far out is "never" for a session, and the sum cannot overflow.
+            let total = Int(now.tv_nsec) + Int(min(max(0, delay), 1_000_000) * 1e9)
+            deadline = timespec(tv_sec: now.tv_sec + total / 1_000_000_000, tv_nsec: total % 1_000_000_000)
+        }
+        pthread_mutex_lock(mutex)
+        timerGeneration &+= 1
+        timer = deadline.map { ($0, timerGeneration, action) }
+        // Wakes the thread only if it is waiting (a cond signal without waiters is no system call): from its own
+        // thread, the next wait picks the timer up.
+        pthread_cond_signal(condition)
+        pthread_mutex_unlock(mutex)
+    }
+
     private func run() {
         pthread_mutex_lock(mutex)
         threadID = pthread_self()
         pthread_mutex_unlock(mutex)
         while true {
             pthread_mutex_lock(mutex)
-            while jobs.isEmpty && !stopping { pthread_cond_wait(condition, mutex) }
-            if jobs.isEmpty {  // stopping, nothing left
+            var fired: (@Sendable () -> Void)?
+            if !jobs.isEmpty, let t = timer, Self.hasPassed(t.deadline) {
+                // Busy with jobs: a due timer still runs after this batch, not only once the queue runs dry.
+                fired = t.action
+                timer = nil
+            }
+            while jobs.isEmpty && !stopping && fired == nil {
+                guard let t = timer else {
+                    pthread_cond_wait(condition, mutex)
+                    continue
+                }
+                var deadline = t.deadline
+                if pthread_cond_timedwait(condition, mutex, &deadline) == ETIMEDOUT, timer?.generation == t.generation {
+                    fired = t.action
+                    timer = nil
+                }
+            }
+            if jobs.isEmpty && fired == nil {  // stopping, nothing left
                 exited = true
+                timer = nil
                 pthread_mutex_unlock(mutex)
                 return
             }
             let batch = jobs
             jobs.removeAll(keepingCapacity: true)
             pthread_mutex_unlock(mutex)
-            for job in batch {
-                job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+            for (job, isolated) in batch {
+                if isolated {
+                    job.runSynchronously(isolatedTo: asUnownedSerialExecutor(), taskExecutor: asUnownedTaskExecutor())
+                } else {
+                    job.runSynchronously(on: asUnownedTaskExecutor())
+                }
             }
+            fired?()
         }
+    }
+
+    private static func hasPassed(_ deadline: timespec) -> Bool {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return now.tv_sec > deadline.tv_sec || (now.tv_sec == deadline.tv_sec && now.tv_nsec >= deadline.tv_nsec)
     }
 }
 

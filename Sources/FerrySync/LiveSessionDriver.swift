@@ -1,4 +1,5 @@
 import FerryProtocol
+import FerryStore
 
 /// What the live driver's loop reacts to, in arrival order.
 public enum LinkEvent: Sendable {
@@ -15,47 +16,42 @@ public enum LinkEvent: Sendable {
 /// Runs a session over a live link: one loop takes the `LinkEvent`s queued since its last turn and hands them
 /// to the runner, arming a timer for the runner's next deadline. Returns when the runner has finished.
 public enum LiveSessionDriver {
-    /// `executor`: where the loop runs between awaits — the runner, its state machine and its store's commits.
-    /// The thread that owns the runner's store connection (`DatabaseThread`), so sqlite3's blocking calls stay
-    /// off the cooperative pool; nil: wherever the caller runs.
+    /// `thread`: where the loop runs between awaits — the runner, its state machine and its store's commits — and
+    /// whose timer wakes it at the runner's next deadline. The thread that owns the runner's store connection,
+    /// so sqlite3's blocking calls stay off the cooperative pool.
     public static func run(
         runner: SyncSessionRunner, events: LinkEvents, clock: any MonotonicClock = SystemMonotonicClock(),
-        executor: (any TaskExecutor)? = nil,
+        thread: DatabaseThread,
         afterEvent: (SyncSessionRunner) -> Void = { _ in }  // a progress display; runs in this task, between events
     ) async {
-        await withTaskExecutorPreference(executor) {
-            await loop(runner: runner, events: events, clock: clock, afterEvent: afterEvent)
+        await withTaskExecutorPreference(thread) {
+            await loop(runner: runner, events: events, clock: clock, thread: thread, afterEvent: afterEvent)
         }
+        thread.setTimer(after: nil)
     }
 
     private static func loop(
-        runner: SyncSessionRunner, events: LinkEvents, clock: any MonotonicClock,
+        runner: SyncSessionRunner, events: LinkEvents, clock: any MonotonicClock, thread: DatabaseThread,
         afterEvent: (SyncSessionRunner) -> Void
     ) async {
         await runner.start()
         // The session can end during start (STREAM_INFO unreadable, subscribe refused): then no event will
         // ever come, and waiting for one would hang the caller.
         if runner.finished { return }
-        var timer: Task<Void, Never>?
         var armedFor: Double?
         func rearm() {
             guard let deadline = runner.nextDeadline else {
-                timer?.cancel()
-                timer = nil
+                if armedFor != nil { thread.setTimer(after: nil) }
                 armedFor = nil
                 return
             }
-            // The idle deadline moves later with every notification: a timer armed for an earlier time is
-            // left running (its tick finds nothing due and re-arms once), instead of a new timer task per
-            // notification. Only an earlier deadline replaces it.
+            // The idle deadline moves later with every notification: a timer armed for an earlier time is left
+            // armed (its tick finds nothing due and re-arms once), instead of re-arming per notification. Only an
+            // earlier deadline replaces it.
             if let armed = armedFor, armed <= deadline { return }
-            timer?.cancel()
             armedFor = deadline
-            let delay = max(0, deadline - clock.now())
-            timer = Task {
-                try? await Task.sleep(nanoseconds: UInt64(delay * 1e9) + 1_000_000)
-                if !Task.isCancelled { events.yield(.tick) }
-            }
+            // 1 ms late rather than early: a tick before the deadline would find nothing due.
+            thread.setTimer(after: max(0, deadline - clock.now()) + 0.001) { events.yield(.tick) }
         }
         rearm()
         batches: while let batch = await events.next() {
@@ -81,6 +77,5 @@ public enum LiveSessionDriver {
                 rearm()
             }
         }
-        timer?.cancel()
     }
 }

@@ -89,7 +89,9 @@ import Testing
             events.yield(.bytes((first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }))
         }
         events.yield(.linkEnded)
-        await LiveSessionDriver.run(runner: runner, events: events)
+        let thread = DatabaseThread(name: "test-session")
+        defer { thread.stop() }
+        await LiveSessionDriver.run(runner: runner, events: events, thread: thread)
         #expect(runner.summary.framesStored == 60)
         #expect(commits.commits == [20, 40])
         #expect(runner.acksSent == [20, 40, 60])

@@ -55,10 +55,41 @@ import Testing
         }
         events.yield(.linkEnded)
         #expect(!thread.isCurrent)
-        await LiveSessionDriver.run(runner: runner, events: events, executor: thread)
+        await LiveSessionDriver.run(runner: runner, events: events, thread: thread)
         #expect(runner.summary.framesStored == 60)
         #expect(runner.summary.end == .linkLost)
         #expect(counters.commits.count >= 3)
         #expect(counters.commits.allSatisfy { $0 }, "a commit ran off the session's thread: \(counters.commits)")
+    }
+
+    /// The deadlines come from the thread's own timer: a partial window is committed and acknowledged when DATA
+    /// goes quiet (idle timeout), and a peripheral without STREAM_INFO that stays silent after it is caught up
+    /// (response timeout). Nothing else would end this session: no link loss, no stop.
+    @Test func theThreadsTimerCommitsAPartialWindowAndEndsTheSession() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-timer-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let path = directory.appendingPathComponent("ferry.sqlite").path
+        let thread = DatabaseThread(name: "test-session")
+        defer { thread.stop() }
+        let store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
+        var configuration = SyncSession.Configuration()
+        configuration.idleTimeout = 0.1
+        configuration.responseTimeout = 0.3
+        let runner = SyncSessionRunner(
+            peripheral: PeripheralAddress("C0:FF:EE:00:00:02")!, store: store, transport: QuietLink(),
+            configuration: configuration)
+        let events = LinkEvents()
+        events.yield(.bytes((1...5).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }))
+        // Only if the timer never fires: ends the session the way that fails every expectation below.
+        let guardrail = Task {
+            try? await Task.sleep(for: .seconds(20))
+            events.yield(.linkEnded)
+        }
+        defer { guardrail.cancel() }
+        await LiveSessionDriver.run(runner: runner, events: events, thread: thread)
+        #expect(runner.summary.framesStored == 5)
+        #expect(runner.acksSent.first == 5)
+        #expect(runner.summary.end == .disconnected(.caughtUp))
     }
 }
