@@ -38,7 +38,8 @@ enum SyncCommand {
                              BlueZ already knew the device), "connect", "services_resolved", "stream_info",
                              "subscribed", "first_data", "last_data", "caught_up", "final_ack", "disconnected";
                              "phases_cpu" the process's CPU seconds (user+system) at "start" (when the sync
-                             began, after start-up) and at the same steps (no "last_data")
+                             began, after start-up) and at the same steps (no "last_data"; "final_ack" read
+                             at the disconnection that follows it)
           --verbose          log connection steps on stderr
 
         Exit status: 0 caught up; 1 failed (adapter missing, device not found, not a Sync peripheral, not bonded,

@@ -123,7 +123,7 @@ public final class SyncSessionRunner {
     public private(set) var acksSent: [UInt64] = []
     public private(set) var phases = SessionPhases()
     /// The process's CPU seconds (`ProcessCPU`) at the same marks (`lastData` stays nil: it moves with every
-    /// notification, and a getrusage per notification is not worth it).
+    /// notification, and a getrusage per notification is not worth it; `finalAck` is read at the disconnection).
     public private(set) var phasesCPU = SessionPhases()
     /// Set by an action that ends the session early: the actions queued behind it are dropped.
     private var dropQueuedActions = false
@@ -162,7 +162,10 @@ public final class SyncSessionRunner {
     private func reached(_ phase: WritableKeyPath<SessionPhases, Double?>, again: Bool = false) {
         guard again || phases[keyPath: phase] == nil else { return }
         phases[keyPath: phase] = clock.now()
-        phasesCPU[keyPath: phase] = ProcessCPU.seconds()
+        // A phase reached `again` (every SYNC_ACK moves `finalAck`) would cost a getrusage per ACK: its CPU is
+        // read at the disconnection, which follows the final ACK at once.
+        if !again { phasesCPU[keyPath: phase] = ProcessCPU.seconds() }
+        if phase == \SessionPhases.disconnected, phases.finalAck != nil { phasesCPU.finalAck = phasesCPU.disconnected }
     }
 
     /// When `start()` ran (the reference of the phases' debug line).
