@@ -78,7 +78,10 @@ enum SyncCommand {
         let json = args.flags.contains("--json")
         let requireBond = args.flags.contains("--require-bond")
         let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .warning)
-        _ = try FerryCommandLine.openStore(dbPath, create: true)  // fail on a bad store before touching the radio
+        // Fails on a bad store before touching the radio. Kept open until the end: closing the last connection
+        // checkpoints and deletes the WAL, which the session's own connection would then create again.
+        let preflightStore = try FerryCommandLine.openStore(dbPath, create: true)
+        defer { withExtendedLifetime(preflightStore) {} }
 
         var settings = SyncSession.Configuration()
         settings.window = window
