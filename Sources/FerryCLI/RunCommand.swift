@@ -29,7 +29,7 @@ enum RunCommand {
           --allow-unbonded         lab mode: also sync peripherals BlueZ holds no bond for (require_bond false)
           --max-connections N      concurrent sessions (default 3)
           --sync-interval S        re-sync a caught-up peripheral after S seconds (default 60)
-          --window N               SYNC_REQ window: frames the peripheral may send past the last ACK (default 500)
+          --window N               SYNC_REQ window: frames the peripheral may send past the last ACK (default 2000)
           --ack-every N            commit + SYNC_ACK every N frames, at most the window (default 20)
           --endpoint URL           uplink endpoint; without one, store only
           --token-file F           uplink bearer token file (chmod 600)

@@ -20,7 +20,7 @@ enum SyncCommand {
           --adapter hciN     the Bluetooth adapter (default: the first one)
           --db PATH          the gateway store (created if missing)
           --timeout S        give up after S seconds (default 120); what is committed stays committed
-          --window N         frames the peripheral may send beyond the last ACK (default 500: pipelined, batches
+          --window N         frames the peripheral may send beyond the last ACK (default 2000: pipelined, batches
                              stay on the air while earlier ones commit and their ACKs travel)
           --ack-every N      commit + SYNC_ACK every N frames (default 20, or the window if smaller); at most
                              the window. An ACK never names a frame that is not committed.

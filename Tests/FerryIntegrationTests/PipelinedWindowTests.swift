@@ -11,29 +11,29 @@ import Testing
 /// checked at every SYNC_ACK by the `Gateway` helper (a second connection must already see the frames).
 @Suite("Pipelined window")
 struct PipelinedWindowTests {
-    @Test("Default window 500 / ACK every 20: one session, exactly once, frames on the air past the ACK")
+    @Test("Default window 2000 / ACK every 20: one session, exactly once, frames on the air past the ACK")
     func defaultIsPipelined() async throws {
         let dir = try TemporaryDirectory("pipelined")
         defer { dir.remove() }
         let peripheral = try SimulatedPeripheral(directory: dir.url.appendingPathComponent("device"), seed: 21)
         try peripheral.record(count: 3_000)
         let gateway = try Gateway(directory: dir)
-        #expect(gateway.configuration.window == 500 && gateway.configuration.ackBatch == 20)
+        #expect(gateway.configuration.window == 2000 && gateway.configuration.ackBatch == 20)
         let sessions = try await gateway.syncUntilCaughtUp(peripheral)
         #expect(sessions == 1)
         let ledger = try expectConsistent(gateway, peripheral)
         #expect(ledger.storedEvents == 3_000 && ledger.gapSeqs == 0)
         let record = try #require(gateway.sessions.first)
-        #expect(record.control.first?.requestedWindow == 500)
+        #expect(record.control.first?.requestedWindow == 2000)
         // Pipelined: more than one ACK batch was on the air beyond the last ACK, never more than the window.
         #expect(peripheral.statistics.maxFramesBeyondAck > 20)
-        #expect(peripheral.statistics.maxFramesBeyondAck <= 500)
+        #expect(peripheral.statistics.maxFramesBeyondAck <= 2000)
         // The cadence is unchanged: an ACK per 20 committed frames, each naming a committed cursor.
         #expect(record.acksSent.count == 3_000 / 20)
         #expect(record.acksSent.allSatisfy { $0 % 20 == 0 })
     }
 
-    @Test("A peripheral that honours only 20 (caps the requested 500) still syncs everything")
+    @Test("A peripheral that honours only 20 (caps the requested 2000) still syncs everything")
     func peripheralCapsTheWindow() async throws {
         let dir = try TemporaryDirectory("capped")
         defer { dir.remove() }
@@ -48,7 +48,7 @@ struct PipelinedWindowTests {
         let ledger = try expectConsistent(gateway, peripheral)
         #expect(ledger.storedEvents == 3_000 && ledger.gapSeqs == 0)
         #expect(peripheral.statistics.maxFramesBeyondAck == 20, "the cap held")
-        #expect(gateway.sessions[0].control.first?.requestedWindow == 500)
+        #expect(gateway.sessions[0].control.first?.requestedWindow == 2000)
     }
 
     @Test("A cap below the ACK cadence: every batch ends on the idle timeout, nothing is lost")

@@ -85,8 +85,8 @@ let specVectors: [(meaning: String, frame: Frame, hex: String)] = [
 
     @Test func syncRequestWindowRoundTrips() {
         #expect(Frame.syncRequest(lastCommitted: 5, window: 300).requestedWindow == 300)
-        #expect(Frame.syncRequest(lastCommitted: 5).requestedWindow == 500, "pipelined: 25 times the ACK cadence")
-        #expect(Int(Frame.defaultWindow) == 25 * Frame.defaultAckEvery)
+        #expect(Frame.syncRequest(lastCommitted: 5).requestedWindow == 2000, "pipelined: 100 times the ACK cadence")
+        #expect(Int(Frame.defaultWindow) == 100 * Frame.defaultAckEvery)
         #expect(Frame.syncAck(committed: 5).requestedWindow == nil)
         #expect(Frame(type: .syncRequest, seq: 1, payload: [1]).requestedWindow == nil)
         #expect(Frame.syncAck(committed: 7).payload.isEmpty)
