@@ -31,20 +31,36 @@ import Testing
         var commits: [Bool] { lock.withLock { onThread } }
     }
 
+    /// A session thread and a runner over a new store in its own directory, the store opened on that thread.
+    final class Bench {
+        let directory: URL
+        let thread: DatabaseThread
+        let runner: SyncSessionRunner
+
+        init(_ name: String, configuration: SyncSession.Configuration) async throws {
+            directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-\(name)-\(UUID().uuidString)")
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            let path = directory.appendingPathComponent("ferry.sqlite").path
+            thread = DatabaseThread(name: "test-session")
+            let store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
+            runner = SyncSessionRunner(
+                peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: QuietLink(),
+                configuration: configuration)
+        }
+
+        func close() {
+            thread.stop()
+            try? FileManager.default.removeItem(at: directory)
+        }
+    }
+
     @Test func commitsRunOnTheSessionsThread() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-thread-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let path = directory.appendingPathComponent("ferry.sqlite").path
-        let thread = DatabaseThread(name: "ferry-test-sess")
-        defer { thread.stop() }
-        let store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
         var configuration = SyncSession.Configuration()
         configuration.window = 20
         configuration.ackBatch = 20
-        let runner = SyncSessionRunner(
-            peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: QuietLink(),
-            configuration: configuration)
+        let bench = try await Bench("thread", configuration: configuration)
+        defer { bench.close() }
+        let (thread, runner) = (bench.thread, bench.runner)
         let counters = CommitThreads(thread: thread)
         runner.metrics = counters
         let events = LinkEvents()
@@ -66,19 +82,12 @@ import Testing
     /// goes quiet (idle timeout), and a peripheral without STREAM_INFO that stays silent after it is caught up
     /// (response timeout). Nothing else would end this session: no link loss, no stop.
     @Test func theThreadsTimerCommitsAPartialWindowAndEndsTheSession() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-timer-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let path = directory.appendingPathComponent("ferry.sqlite").path
-        let thread = DatabaseThread(name: "test-session")
-        defer { thread.stop() }
-        let store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
         var configuration = SyncSession.Configuration()
         configuration.idleTimeout = 0.1
         configuration.responseTimeout = 0.3
-        let runner = SyncSessionRunner(
-            peripheral: PeripheralAddress("C0:FF:EE:00:00:02")!, store: store, transport: QuietLink(),
-            configuration: configuration)
+        let bench = try await Bench("timer", configuration: configuration)
+        defer { bench.close() }
+        let runner = bench.runner
         let events = LinkEvents()
         events.yield(.bytes((1...5).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }))
         // Only if the timer never fires: ends the session the way that fails every expectation below.
@@ -87,7 +96,7 @@ import Testing
             events.yield(.linkEnded)
         }
         defer { guardrail.cancel() }
-        await LiveSessionDriver.run(runner: runner, events: events, thread: thread)
+        await LiveSessionDriver.run(runner: runner, events: events, thread: bench.thread)
         #expect(runner.summary.framesStored == 5)
         #expect(runner.acksSent.first == 5)
         #expect(runner.summary.end == .disconnected(.caughtUp))
