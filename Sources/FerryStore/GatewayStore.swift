@@ -293,7 +293,7 @@ public final class GatewayStore {
                     while !rest.isEmpty {
                         let rows = rest.prefix(GatewayStore.framesPerInsert)
                         rest = rest.dropFirst(rows.count)
-                        let insert = try database.cached(GatewayStore.insertFramesSQL[rows.count])
+                        let insert = try frameInsert(rows: rows.count)
                         try insert.bind(shared)
                         for (row, frame) in rows.enumerated() {
                             try insert.bind(.integer(Int64(bitPattern: frame.seq)), at: Int32(5 + 2 * row))
@@ -315,11 +315,26 @@ public final class GatewayStore {
     /// Most frames one INSERT carries; a window (20 by default) is one statement.
     static let framesPerInsert = 32
 
-    /// `insertFramesSQL[n]`: the INSERT of n frame rows (n ≥ 1) sharing peripheral (?1), epoch (?2), received_at (?3)
+    /// The INSERT of n frame rows (1 ≤ n ≤ `framesPerInsert`) sharing peripheral (?1), epoch (?2), received_at (?3)
     /// and outbox_id (?4); row i's seq and payload are ?(5+2i) and ?(6+2i).
-    static let insertFramesSQL: [String] = (0...framesPerInsert).map { rows in
+    static func insertFramesSQL(rows: Int) -> String {
         "INSERT INTO staged_frames (peripheral, epoch, seq, payload, received_at, outbox_id) VALUES "
             + (0..<rows).map { "(?1, ?2, ?\(5 + 2 * $0), ?\(6 + 2 * $0), ?3, ?4)" }.joined(separator: ", ")
+    }
+
+    /// `insertFramesSQL(rows:)` prepared, per row count, on first use: a table of every text built up front cost
+    /// 1.8 M instructions at each start-up (callgrind), and finding the statement by its text hashed and compared
+    /// a kilobyte of SQL per commit.
+    private var frameInserts: [Int: Statement] = [:]
+
+    private func frameInsert(rows: Int) throws -> Statement {
+        if let statement = frameInserts[rows] {
+            statement.reset()
+            return statement
+        }
+        let statement = try database.cached(Self.insertFramesSQL(rows: rows))
+        frameInserts[rows] = statement
+        return statement
     }
 
     @discardableResult
