@@ -30,8 +30,9 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     /// The thread has ended (stopped, nothing left): later jobs go to the global executor (below).
     private var exited = false
     private var threadID: pthread_t?
-    /// `setTimer`'s: when (CLOCK_MONOTONIC) and what; `generation` tells a replaced timer from the one waited for.
-    private var timer: (deadline: timespec, generation: UInt64, action: @Sendable () -> Void)?
+    /// `setTimer`'s: when (CLOCK_MONOTONIC nanoseconds) and what; `generation` tells a replaced timer from the one
+    /// waited for.
+    private var timer: (deadline: Int, generation: UInt64, action: @Sendable () -> Void)?
     private var timerGeneration: UInt64 = 0
 
     /// The serial role: enqueues on the same thread, marked isolated. Unowned back-reference: the thread owns it.
@@ -86,9 +87,9 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     private func push(_ job: UnownedJob, isolated: Bool) {
         pthread_mutex_lock(mutex)
         if exited {
-            // A task that preferred this executor outlived it (a cancelled timer task waking up to end): it must
-            // still run, or it would be lost with everything it holds. Only nonisolated work can come here: an
-            // actor on this executor stops it from its deinit, when no job of its can be pending.
+            // A task that preferred this executor outlived it: it must still run, or it would be lost with
+            // everything it holds. Only nonisolated work can come here: an actor on this executor stops it from
+            // its deinit, when no job of its can be pending.
             pthread_mutex_unlock(mutex)
             globalConcurrentExecutor.enqueue(job)
             return
@@ -123,14 +124,8 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     /// thread's own condition wait wakes no other thread, where a sleeping task's timer goes through the global
     /// executor's timer thread and a pool thread every time it is armed, cancelled or fired.
     public func setTimer(after delay: Double?, _ action: @escaping @Sendable () -> Void = {}) {
-        var deadline: timespec?
-        if let delay {
-            var now = timespec()
-            clock_gettime(CLOCK_MONOTONIC, &now)
-            // Capped (about 11 days): a deadline that far out is "never" for a session, and the sum cannot overflow.
-            let total = Int(now.tv_nsec) + Int(min(max(0, delay), 1_000_000) * 1e9)
-            deadline = timespec(tv_sec: now.tv_sec + total / 1_000_000_000, tv_nsec: total % 1_000_000_000)
-        }
+        // Capped (about 11 days): a deadline that far out is "never" for a session, and the sum cannot overflow.
+        let deadline = delay.map { Self.monotonicNanoseconds() + Int(min(max(0, $0), 1_000_000) * 1e9) }
         pthread_mutex_lock(mutex)
         timerGeneration &+= 1
         timer = deadline.map { ($0, timerGeneration, action) }
@@ -147,7 +142,7 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         while true {
             pthread_mutex_lock(mutex)
             var fired: (@Sendable () -> Void)?
-            if !jobs.isEmpty, let t = timer, Self.hasPassed(t.deadline) {
+            if !jobs.isEmpty, let t = timer, Self.monotonicNanoseconds() >= t.deadline {
                 // Busy with jobs: a due timer still runs after this batch, not only once the queue runs dry.
                 fired = t.action
                 timer = nil
@@ -157,7 +152,7 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
                     pthread_cond_wait(condition, mutex)
                     continue
                 }
-                var deadline = t.deadline
+                var deadline = timespec(tv_sec: t.deadline / 1_000_000_000, tv_nsec: t.deadline % 1_000_000_000)
                 if pthread_cond_timedwait(condition, mutex, &deadline) == ETIMEDOUT, timer?.generation == t.generation {
                     fired = t.action
                     timer = nil
@@ -183,10 +178,10 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         }
     }
 
-    private static func hasPassed(_ deadline: timespec) -> Bool {
+    private static func monotonicNanoseconds() -> Int {
         var now = timespec()
         clock_gettime(CLOCK_MONOTONIC, &now)
-        return now.tv_sec > deadline.tv_sec || (now.tv_sec == deadline.tv_sec && now.tv_nsec >= deadline.tv_nsec)
+        return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
     }
 }
 
