@@ -125,7 +125,10 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     /// executor's timer thread and a pool thread every time it is armed, cancelled or fired.
     public func setTimer(after delay: Double?, _ action: @escaping @Sendable () -> Void = {}) {
         // Capped (about 11 days): a deadline that far out is "never" for a session, and the sum cannot overflow.
-        let deadline = delay.map { Self.monotonicNanoseconds() + Int(min(max(0, $0), 1_000_000) * 1e9) }
+        // Not a number (a deadline computed from a broken clock) is "never" too, not a trap in Int().
+        let deadline = delay.map { delay in
+            Self.monotonicNanoseconds() + Int((delay.isNaN ? 1_000_000 : min(max(0, delay), 1_000_000)) * 1e9)
+        }
         pthread_mutex_lock(mutex)
         timerGeneration &+= 1
         timer = deadline.map { ($0, timerGeneration, action) }

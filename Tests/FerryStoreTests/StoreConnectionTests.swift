@@ -114,4 +114,15 @@ import Testing
         #expect(firings.all.map(\.label) == ["due"])
         #expect(firings.all.allSatisfy { $0.onThread })
     }
+
+    /// A delay that is not a number, or absurdly far, waits "forever" instead of trapping in the conversion.
+    @Test func anUnusableDelayNeitherTrapsNorFires() async throws {
+        let thread = DatabaseThread(name: "test-timer")
+        defer { thread.stop() }
+        let firings = Firings()
+        thread.setTimer(after: .nan) { firings.record("nan", onThread: true) }
+        thread.setTimer(after: .infinity) { firings.record("infinity", onThread: true) }
+        try await Task.sleep(for: .milliseconds(200))
+        #expect(firings.all.isEmpty)
+    }
 }
