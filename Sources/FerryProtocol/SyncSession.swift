@@ -92,6 +92,10 @@ public struct SyncSession: Sendable {
         public var gapsDetected = 0
         public var gapsRecorded = 0
         public var droppedWhileDraining = 0
+        /// DATA frames that arrived while this session already held a whole window of unacknowledged frames
+        /// (staged or being committed): a peripheral sending past the window. Dropped, and fetched again through
+        /// the gap rule, so that what a session holds stays bounded by its window.
+        public var pastWindow = 0
         /// SYNC_REQ / SYNC_ACK frames arriving on DATA: not for us.
         public var unexpectedFrames = 0
         public var syncRequests = 0
@@ -511,6 +515,14 @@ public struct SyncSession: Sendable {
     }
 
     private mutating func stage(_ frame: Frame) -> [SyncAction] {
+        // Every frame held here is past our last SYNC_ACK (a commit's frames are acknowledged after it), and a
+        // peripheral may send at most `window` frames past the last ACK it received, which is never later than
+        // ours: a conforming peripheral cannot fill more than the window. One that does loses the excess (the
+        // next frame is then a gap, drained and re-requested) instead of growing this session's memory.
+        if staged.count + (commitInFlight?.frames.count ?? 0) >= max(1, Int(configuration.window)) {
+            statistics.pastWindow += 1
+            return []
+        }
         staged.append(frame)
         stagedCursor = frame.seq
         statistics.staged += 1

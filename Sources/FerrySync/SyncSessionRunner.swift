@@ -363,6 +363,12 @@ public final class SyncSessionRunner {
                         + "\(machine.configuration.maxSessionDuration ?? 0) s: releasing the slot, the rest follows next session")
             default: break
             }
+            if machine.statistics.pastWindow > 0 {
+                log.log(
+                    .warning,
+                    "the peripheral sent \(machine.statistics.pastWindow) frames past the window of "
+                        + "\(machine.configuration.window): dropped and asked for again (it does not keep to the window)")
+            }
             recordSessionEnd()
             await transport.disconnect()
             reached(\.disconnected)

@@ -97,14 +97,38 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
 
     /// A peripheral that ignores the window cannot make one transaction larger than a window's worth: the rest
     /// stays staged for the next commit.
-    @Test func aGroupedCommitIsBoundedByTheWindow() {
+    /// A session holds at most one window of unacknowledged frames (being committed or staged), whatever the
+    /// peripheral sends: one that keeps to the window (40 here) never sends more. The excess of one that does
+    /// not is dropped and counted; its next frame is then a gap, drained, and asked for again.
+    @Test func framesPastTheWindowAreDroppedNotHeld() {
         var configuration = SyncSession.Configuration()
         configuration.window = 40
         var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 300), configuration: configuration)
         #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
         #expect(s.bytesReceived(dataBytes(21...130), now: 1.01) == [])
-        #expect(s.commitFinished(cursor: 20, now: 1.02) == [.sendSyncAck(20), batch(20, 21...60)])
-        #expect(s.commitFinished(cursor: 60, now: 1.03) == [.sendSyncAck(40), .sendSyncAck(60), batch(60, 61...100)])
+        #expect(s.statistics.staged == 40, "1-20 being committed, 21-40 staged: the window")
+        #expect(s.statistics.pastWindow == 1, "41")
+        #expect(s.statistics.gapsDetected == 1, "42 follows 40: a gap")
+        #expect(s.statistics.droppedWhileDraining == 88, "43-130")
+        #expect(s.commitFinished(cursor: 20, now: 1.02) == [.sendSyncAck(20), batch(20, 21...40)])
+        #expect(s.commitFinished(cursor: 40, now: 1.03) == [.sendSyncAck(40)])
+        // Silence ends the drain: STREAM_INFO is read again, and the replay asked for from the committed cursor.
+        #expect(s.timerFired(now: 1.5) == [.readStreamInfo])
+        #expect(s.streamInfoRead(info(oldest: 1, head: 300), now: 1.6) == [.sendSyncRequest(lastCommitted: 40, window: 40)])
+        #expect(s.bytesReceived(dataBytes(41...60), now: 1.7) == [batch(40, 41...60)])
+        #expect(s.statistics.gapsRecorded == 0, "nothing was lost")
+    }
+
+    /// Frames that piled up behind a slow commit, within the window, are committed together in whole cadences.
+    @Test func framesBehindASlowCommitAreCommittedTogether() {
+        var configuration = SyncSession.Configuration()
+        configuration.window = 100
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 300), configuration: configuration)
+        #expect(s.bytesReceived(dataBytes(1...20), now: 1) == [batch(0, 1...20)])
+        #expect(s.bytesReceived(dataBytes(21...95), now: 1.01) == [])
+        #expect(s.commitFinished(cursor: 20, now: 1.02) == [.sendSyncAck(20), batch(20, 21...80)])
+        #expect(s.commitFinished(cursor: 80, now: 1.03) == [.sendSyncAck(40), .sendSyncAck(60), .sendSyncAck(80)])
+        #expect(s.statistics.pastWindow == 0)
     }
 
     /// Large frames: a grouped commit stops adding cadences before its payloads pass `maxGroupPayloadBytes` (it
