@@ -5,11 +5,17 @@
 /// Random identifiers for outbox events and uplink batches: version-4 UUIDs in lowercase text, the form
 /// `UUID().uuidString.lowercased()` gave. Foundation's UUID() opens, reads and closes /dev/urandom for each
 /// one (seen with strace -c on `ferry ingest`: 3 syscalls per commit, ~5 % of its CPU), and a commit makes one
-/// per window; here it is one getrandom() (SystemRandomNumberGenerator) per 8 bytes, no file.
+/// per window; here it is one getrandom() for all 16 bytes (getentropy), no file.
 public enum RandomID {
     public static func uuidV4() -> String {
-        var generator = SystemRandomNumberGenerator()
-        return uuidV4(high: generator.next(), low: generator.next())
+        var words: (UInt64, UInt64) = (0, 0)
+        let filled = withUnsafeMutableBytes(of: &words) { getentropy($0.baseAddress, $0.count) == 0 }
+        if !filled {
+            // Not expected on Linux ≥ 3.17; SystemRandomNumberGenerator traps rather than fail silently.
+            var generator = SystemRandomNumberGenerator()
+            words = (generator.next(), generator.next())
+        }
+        return uuidV4(high: words.0, low: words.1)
     }
 
     /// The text of the version-4 UUID made from these 128 random bits (version and variant bits set). Pure.
