@@ -32,6 +32,8 @@ public final class SimulatedPeripheral {
         /// A firmware that honours at most this window whatever the SYNC_REQ asks (a fixed buffer of
         /// unacknowledged frames). nil: the requested window.
         public var maxWindow: Int?
+        /// A rogue (or buggy) firmware that sends this many frames past the window it was given.
+        public var sendsPastWindow = 0
         /// false: an acknowledged payload is released (`Generation.forgotten`), so a long replay (benchmarks)
         /// holds only what is unacknowledged. Tests keep them all, as the ground truth they check against.
         public var keepsAcknowledgedPayloads = true
@@ -518,7 +520,7 @@ public final class SimulatedPeripheral {
                 continue
             }
             let base = max(link.ackBase, firstRetained - 1)
-            guard link.nextSeq - base <= UInt64(link.window) else { break }
+            guard link.nextSeq - base <= UInt64(link.window + configuration.sendsPastWindow) else { break }
             if random.chance(faults.evictPerFrame) {
                 let count = UInt32.random(in: 1...5, using: &random)
                 mustSucceed { () throws(SimulatorError) in try commit(.evict(count)) }

@@ -51,6 +51,27 @@ struct PipelinedWindowTests {
         #expect(gateway.sessions[0].control.first?.requestedWindow == 2000)
     }
 
+    @Test("A peripheral that sends past the window: the excess is dropped and asked for again, nothing lost")
+    func peripheralSendsPastTheWindow() async throws {
+        let dir = try TemporaryDirectory("past-window")
+        defer { dir.remove() }
+        var config = SimulatedPeripheral.Configuration()
+        config.sendsPastWindow = 30
+        // Notifications of ~100 frames: a whole one reaches the session before the commit it starts has run, as
+        // frames pile up behind a slow commit on a real link.
+        config.notificationSize = 4000
+        let peripheral = try SimulatedPeripheral(
+            directory: dir.url.appendingPathComponent("device"), configuration: config, seed: 24)
+        try peripheral.record(count: 600)
+        let gateway = try Gateway(directory: dir)
+        gateway.configuration.window = 40
+        try await gateway.syncUntilCaughtUp(peripheral)
+        let ledger = try expectConsistent(gateway, peripheral)
+        #expect(ledger.storedEvents == 600 && ledger.gapSeqs == 0)
+        #expect(peripheral.statistics.maxFramesBeyondAck > 40, "the peripheral did send past the window")
+        #expect(gateway.sessions.map(\.statistics.pastWindow).reduce(0, +) > 0)
+    }
+
     @Test("A cap below the ACK cadence: every batch ends on the idle timeout, nothing is lost")
     func capBelowCadence() async throws {
         let dir = try TemporaryDirectory("capped-small")

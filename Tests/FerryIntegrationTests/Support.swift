@@ -32,6 +32,8 @@ final class SteppingWallClock: WallClock {
 struct SessionRecord: CustomStringConvertible {
     var outcome: SessionDriver.Outcome
     var summary: SyncSummary
+    /// The state machine's counters at the session's end.
+    var statistics: SyncSession.Statistics
     var acksSent: [UInt64]
     /// CONTROL frames that reached the peripheral.
     var control: [Frame]
@@ -98,7 +100,7 @@ final class Gateway {
         }
         let outcome = await SessionDriver.run(runner: runner, transport: transport, clock: clock, limits: limits)
         let record = SessionRecord(
-            outcome: outcome, summary: runner.summary, acksSent: runner.acksSent,
+            outcome: outcome, summary: runner.summary, statistics: runner.machine.statistics, acksSent: runner.acksSent,
             control: transport.controlFramesWritten, attemptedControl: attempted, crashedBeforeAck: crashedHere)
         sessions.append(record)
         if crashedHere != nil {
