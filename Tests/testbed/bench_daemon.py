@@ -95,12 +95,24 @@ def run_daemon(n: int, addrs: list[str], events: int, idle_seconds: float) -> di
         b.wait_stats(addrs[-1], lambda s: s.get("connected", 0) == 0, 15)
         time.sleep(2.0)
         idle0 = process_cpu(proc.pid)
-        time.sleep(idle_seconds)
-        idle1 = process_cpu(proc.pid)
+        # Per 10 s as well: the first tens of seconds may hold one-off housekeeping after the drains (the
+        # storage watch's next check), the rest is the steady heartbeat.
+        profile = []
+        last, left = idle0, idle_seconds
+        while left > 0:
+            step = min(10.0, left)
+            time.sleep(step)
+            left -= step
+            now_cpu = process_cpu(proc.pid)
+            if last is not None and now_cpu is not None:
+                profile.append(round(now_cpu - last, 3))
+            last = now_cpu
+        idle1 = last
         if idle0 is not None and idle1 is not None:
             row["idle_seconds"] = idle_seconds
             row["idle_cpu_seconds"] = round(idle1 - idle0, 3)
             row["idle_cpu_percent_of_a_core"] = round(100 * (idle1 - idle0) / idle_seconds, 3)
+            row["idle_cpu_seconds_per_10s"] = profile
     proc.send_signal(signal.SIGTERM)
     try:
         row["exit"] = proc.wait(timeout=30)
