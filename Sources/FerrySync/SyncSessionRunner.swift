@@ -363,12 +363,6 @@ public final class SyncSessionRunner {
                         + "\(machine.configuration.maxSessionDuration ?? 0) s: releasing the slot, the rest follows next session")
             default: break
             }
-            if machine.statistics.pastWindow > 0 {
-                log.log(
-                    .warning,
-                    "the peripheral sent \(machine.statistics.pastWindow) frames past the window of "
-                        + "\(machine.configuration.window): dropped and asked for again (it does not keep to the window)")
-            }
             recordSessionEnd()
             await transport.disconnect()
             reached(\.disconnected)
@@ -422,6 +416,13 @@ public final class SyncSessionRunner {
     /// How the session ended, for `ferry peripherals`. Information for operators, outside the commit
     /// transaction: losing it in a crash loses nothing the protocol relies on.
     private func recordSessionEnd() {
+        // Every end passes here once (caught up, link lost, subscribe failed...): the place to say it.
+        if machine.statistics.pastWindow > 0 {
+            log.log(
+                .warning,
+                "the peripheral sent \(machine.statistics.pastWindow) frames past the window of "
+                    + "\(machine.configuration.window): dropped and asked for again (it does not keep to the window)")
+        }
         let result = summary.backpressure ? .backpressure : (summary.end ?? .linkLost).result
         do {
             try store.recordSessionEnd(peripheral: peripheral, result: result, epoch: stream?.key.epoch, head: machine.knownHead)

@@ -37,7 +37,7 @@ import Testing
         let thread: DatabaseThread
         let runner: SyncSessionRunner
 
-        init(_ name: String, configuration: SyncSession.Configuration) async throws {
+        init(_ name: String, configuration: SyncSession.Configuration, log: any LogSink = NullLogSink()) async throws {
             directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-\(name)-\(UUID().uuidString)")
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             let path = directory.appendingPathComponent("ferry.sqlite").path
@@ -45,7 +45,7 @@ import Testing
             let store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
             runner = SyncSessionRunner(
                 peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: QuietLink(),
-                configuration: configuration)
+                configuration: configuration, log: log)
         }
 
         func close() {
@@ -77,6 +77,26 @@ import Testing
         #expect(runner.summary.end == .linkLost)
         #expect(counters.commits.count >= 2)
         #expect(counters.commits.allSatisfy { $0 }, "a commit ran off the session's thread: \(counters.commits)")
+    }
+
+    /// A peripheral that sends past the window: the session keeps one window, drops the rest, and says so when
+    /// the session ends, here by losing its link (not only when it ends in order).
+    @Test func framesPastTheWindowAreDroppedAndReportedWhenTheLinkDrops() async throws {
+        var configuration = SyncSession.Configuration()
+        configuration.window = 20
+        configuration.ackBatch = 20
+        let lines = SessionEndTests.Lines()
+        let bench = try await Bench("past-window", configuration: configuration, log: lines)
+        defer { bench.close() }
+        let events = LinkEvents()
+        events.yield(.bytes((1...50).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }))
+        events.yield(.linkEnded)
+        await LiveSessionDriver.run(runner: bench.runner, events: events, thread: bench.thread)
+        #expect(bench.runner.summary.framesStored == 20)
+        #expect(bench.runner.summary.end == .linkLost)
+        #expect(bench.runner.machine.statistics.pastWindow == 1)
+        let warnings = lines.lines.withLock { $0 }.filter { $0.contains("past the window") }
+        #expect(warnings == ["warning C0:FF:EE:00:00:01: the peripheral sent 1 frames past the window of 20: dropped and asked for again (it does not keep to the window)"])
     }
 
     /// The deadlines come from the thread's own timer: a partial window is committed and acknowledged when DATA
