@@ -847,9 +847,14 @@ def test_poison_batch_alone_fails(work, rng):
     retries and becomes FAILED; everything else arrives; exit 3."""
     db = make_store(work, 1000, rng)
     # The oldest event: every other batch comes after it, so others keep being accepted while it is retried.
-    # (A 5xx batch left alone cannot be told from a backend that answers 5xx to everything: it waits, offline.)
+    # A 5xx batch left alone cannot be told from a backend that answers 5xx to everything: it waits, offline
+    # (UPLINK.md §4), and --until-empty would never end. So the others must outlast the poison's three attempts
+    # and its two backoffs (ceilings 50 + 100 ms): every answer takes 50 ms, and the ~80 other batches, two at
+    # a time, need about two seconds, whatever the machine's load.
+    others = query(db, "SELECT count(*) FROM outbox_events")[0][0] - 1
+    check(others * 50 / 2 >= 3 * (150 + 3 * 50), "only %d other events: too few to outlast the poison" % others)
     outbox_id = query(db, "SELECT id FROM outbox_events ORDER BY created_at, rowid LIMIT 1")[0][0]
-    backend = Backend(work, "--poison-event", str(outbox_id)).start()
+    backend = Backend(work, "--poison-event", str(outbox_id), "--slow-ms", "50").start()
     try:
         rc, out, err = ferry("forward", "--db", db, "--endpoint", backend.url, "--until-empty", "--json",
                              "--batch-events", "1", "--max-in-flight", "2", "--timeout", REQUEST_TIMEOUT,
