@@ -112,10 +112,12 @@ public final class BlueZAgent: Sendable {
         let agent = BlueZAgent(path: path, capability: capability, client: client)
         try mappingErrorsSync { try client.connection.export(path: path) { call in await handle(call, policy) } }
         try await agent.registerWithBluetoothd(makeDefault: makeDefault)
-        let events = await client.objects.events()
+        let events = await client.objects.events { event in
+            if case .serviceAppeared = event { true } else { false }
+        }
         let task = Task { [weak agent] in
-            for await event in events {
-                guard case .serviceAppeared = event, let agent else { continue }
+            for await _ in events {
+                guard let agent else { continue }
                 do {
                     try await agent.registerWithBluetoothd(makeDefault: makeDefault)
                     log?("bluez: agent \(path) registered again after bluetoothd restarted")

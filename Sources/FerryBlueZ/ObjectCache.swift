@@ -61,10 +61,15 @@ public actor BlueZObjectCache {
     private var serviceOwner: String?
     /// Increments on every rebuild, so holders of object paths can tell that bluetoothd restarted.
     public private(set) var generation = 0
-    private var listeners: [Int: AsyncStream<BlueZObjectEvent>.Continuation] = [:]
+    private var listeners: [Int: Listener] = [:]
     private var waiters: [Int: Waiter] = [:]
     private var nextID = 0
     private var pump: Task<Void, Never>?
+
+    private struct Listener {
+        var wants: @Sendable (BlueZObjectEvent) -> Bool
+        var continuation: AsyncStream<BlueZObjectEvent>.Continuation
+    }
 
     private struct Waiter {
         var check: @Sendable (BlueZObjects) -> Bool
@@ -106,7 +111,7 @@ public actor BlueZObjectCache {
             waiter.continuation.resume(throwing: BlueZError(kind: .disconnected, message: "object cache stopped"))
         }
         waiters.removeAll()
-        for listener in listeners.values { listener.finish() }
+        for listener in listeners.values { listener.continuation.finish() }
         listeners.removeAll()
     }
 
@@ -119,12 +124,16 @@ public actor BlueZObjectCache {
         objects.properties(path, interface)
     }
 
-    /// A stream of every change from now on.
-    public func events() -> AsyncStream<BlueZObjectEvent> {
+    /// A stream of the changes from now on for which `wants` is true. The filter runs here, as each signal is
+    /// applied: a listener that ignores most changes (discovery's RSSI and advertising updates, many per second;
+    /// the removal of every temporary device half a minute after a scan) is not woken for them.
+    public func events(
+        where wants: @escaping @Sendable (BlueZObjectEvent) -> Bool = { _ in true }
+    ) -> AsyncStream<BlueZObjectEvent> {
         let (stream, continuation) = AsyncStream<BlueZObjectEvent>.makeStream(bufferingPolicy: .unbounded)
         let id = nextID
         nextID += 1
-        listeners[id] = continuation
+        listeners[id] = Listener(wants: wants, continuation: continuation)
         continuation.onTermination = { [weak self] _ in
             Task { await self?.removeListener(id) }
         }
@@ -372,7 +381,7 @@ public actor BlueZObjectCache {
     }
 
     private func broadcast(_ event: BlueZObjectEvent) {
-        for listener in listeners.values { listener.yield(event) }
+        for listener in listeners.values where listener.wants(event) { listener.continuation.yield(event) }
     }
 
     private func settleWaiters() {

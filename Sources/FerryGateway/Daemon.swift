@@ -240,10 +240,10 @@ public actor GatewayDaemon {
                             log: { [log] in log.log(.debug, $0) })
                         client = connected
                         // BlueZ changes the loop acts on wake it; the rest (RSSI, advertising data) does not.
-                        let events = await connected.objects.events()
+                        let events = await connected.objects.events(where: Self.wakesTheLoop)
                         let wakeup = self.wakeup
                         group.addTask {
-                            for await event in events where Self.wakesTheLoop(event) { wakeup.signal() }
+                            for await _ in events { wakeup.signal() }
                         }
                         agent = await registerAgent(connected)
                     } catch {

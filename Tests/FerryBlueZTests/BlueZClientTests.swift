@@ -63,6 +63,43 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    /// A listener's filter runs in the cache: it is handed only the changes it asked for (the daemon's loop is
+    /// not woken by every RSSI update or temporary device removal), while an unfiltered one sees them all.
+    @Test func aFilteredEventStreamGetsOnlyWhatItAskedFor() async throws {
+        let bus = try TestBus()
+        var tree = FakeBlueZ.adapterOnly()
+        tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces()
+        let fake = try await FakeBlueZ.start(on: bus, tree: tree)
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        let everything = await client.objects.events()
+        let removals = await client.objects.events { event in
+            if case .interfacesRemoved = event { true } else { false }
+        }
+        try fake.setProperty(FakeBlueZ.devicePath, BlueZInterface.device, "RSSI", .int16(-61))
+        for (path, interfaces) in FakeBlueZ.gattObjects() { try fake.addObject(path, interfaces) }
+        try fake.removeObject(FakeBlueZ.devicePath)
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) {
+            $0.properties(FakeBlueZ.devicePath, BlueZInterface.device) == nil ? true : nil
+        }
+        var seen = 0
+        for await event in everything {
+            seen += 1
+            if case .interfacesRemoved(let path, _) = event, path == FakeBlueZ.devicePath { break }
+        }
+        #expect(seen > 2)  // the RSSI change and the GATT objects came first
+        var first: BlueZObjectEvent?
+        for await event in removals {
+            first = event
+            break
+        }
+        guard case .interfacesRemoved(let path, _)? = first else {
+            Issue.record("the filtered stream's first event: \(String(describing: first))")
+            return
+        }
+        #expect(path == FakeBlueZ.devicePath)
+        fake.stop()
+    }
+
     @Test func bluetoothdRestartDropsAndRebuildsTheCache() async throws {
         let bus = try TestBus()
         var tree = FakeBlueZ.adapterOnly()
