@@ -78,10 +78,9 @@ enum SyncCommand {
         let json = args.flags.contains("--json")
         let requireBond = args.flags.contains("--require-bond")
         let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .warning)
-        // Fails on a bad store before touching the radio. Kept open until the end: closing the last connection
-        // checkpoints and deletes the WAL, which the session's own connection would then create again.
-        let preflightStore = try FerryCommandLine.openStore(dbPath, create: true)
-        defer { withExtendedLifetime(preflightStore) {} }
+        // Fails on a bad store before touching the radio; the session then takes this connection rather than
+        // opening its own.
+        let store = StoreHandoff(try FerryCommandLine.openStore(dbPath, create: true))
 
         var settings = SyncSession.Configuration()
         settings.window = window
@@ -93,7 +92,7 @@ enum SyncCommand {
             try await sync(
                 address: address, adapterName: adapterName, dbPath: dbPath, bus: bus, timeout: timeout,
                 configuration: configuration, notify: notify, diskBudget: diskBudget, requireBond: requireBond, log: log,
-                progress: progress)
+                progress: progress, store: store)
         }
         progress.clear()
         let s = outcome.summary
@@ -144,7 +143,7 @@ enum SyncCommand {
     static func sync(
         address: PeripheralAddress, adapterName: String?, dbPath: String, bus: String?, timeout: Double,
         configuration: SyncSession.Configuration, notify: GattNotifyMethod, diskBudget: Int64?, requireBond: Bool,
-        log: any LogSink, progress: ProgressLine = ProgressLine(enabled: false)
+        log: any LogSink, progress: ProgressLine = ProgressLine(enabled: false), store: StoreHandoff? = nil
     ) async throws -> Outcome {
         let started = ContinuousClock.now
         // Phase times on the session runner's clock, so the two halves line up.
@@ -186,6 +185,7 @@ enum SyncCommand {
             connectTimeout: .seconds(35), resolveTimeout: .seconds(30))
         settings.preferredNotify = notify
         settings.connectorLogLevel = .info
+        settings.openedStore = store
         settings.deadline = deadline
         // No discovery when BlueZ already has the device object: it only costs time (and radio).
         let discoveryNeeded = await client.knownDevice(address: address.string, on: adapter) == nil

@@ -32,6 +32,9 @@ public struct SessionWorker: Sendable {
         public var connectorLogLevel: LogLevel = .debug
         /// Counts frames and bytes as the session goes (nil: nobody counts).
         public var metrics: (any SessionMetrics)?
+        /// The store at `databasePath`, already opened by the caller (`ferry sync` opens it before touching the
+        /// radio): the session takes it instead of opening its own. nil: the session opens the store.
+        public var openedStore: StoreHandoff?
 
         public init(
             address: PeripheralAddress, databasePath: String, configuration: SyncSession.Configuration,
@@ -162,7 +165,8 @@ public struct SessionWorker: Sendable {
         let transport: BlueZSyncTransport
         do {
             let path = settings.databasePath
-            store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
+            let opened = settings.openedStore
+            store = try await withTaskExecutorPreference(thread) { try opened?.take() ?? GatewayStore(path: path) }
             transport = try await BlueZSyncTransport(
                 device: device, service: service, events: events, preferredNotify: settings.preferredNotify,
                 log: sink)

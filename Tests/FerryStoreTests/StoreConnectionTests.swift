@@ -37,6 +37,24 @@ import Testing
         #expect(ran, "a job enqueued after the thread ended was never run")
     }
 
+    /// A store handed from the opener to its user is taken once, and used on the taker's thread: the connection
+    /// has one owner at a time.
+    @Test func aHandedOffStoreIsTakenOnceAndUsedOnTheTakersThread() async throws {
+        let dir = try TemporaryDirectory()
+        let handoff = StoreHandoff(try GatewayStore(path: dir.file("ferry.sqlite")))
+        let thread = DatabaseThread(name: "ferry-test-take")
+        defer { thread.stop() }
+        let (taken, name) = try await withTaskExecutorPreference(thread) {
+            () async throws -> (Bool, String) in
+            guard let store = handoff.take() else { return (false, "") }
+            _ = try store.outboxCounts()
+            return (true, Self.threadName())
+        }
+        #expect(taken)
+        #expect(name == "ferry-test-take")
+        #expect(handoff.take() == nil)
+    }
+
     @Test func callsRunOnTheConnectionsOwnThreadOneAtATime() async throws {
         let dir = try TemporaryDirectory()
         let connection = try await StoreConnection.open(path: dir.file("ferry.sqlite"), threadName: "ferry-test-db")
