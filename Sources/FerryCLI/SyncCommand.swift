@@ -143,7 +143,7 @@ enum SyncCommand {
     static func sync(
         address: PeripheralAddress, adapterName: String?, dbPath: String, bus: String?, timeout: Double,
         configuration: SyncSession.Configuration, notify: GattNotifyMethod, diskBudget: Int64?, requireBond: Bool,
-        log: any LogSink, progress: ProgressLine = ProgressLine(enabled: false), store: StoreHandoff? = nil
+        log: any LogSink, progress: ProgressLine = ProgressLine(enabled: false), store: StoreHandoff
     ) async throws -> Outcome {
         let started = ContinuousClock.now
         // Phase times on the session runner's clock, so the two halves line up.
