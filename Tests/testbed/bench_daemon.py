@@ -12,7 +12,15 @@ and ACK cadence. Measured per N:
   - bluetoothd's and dbus-daemon's CPU over the same span;
   - lossless: every event in the store exactly once, 0 protocol violations at the peripherals.
 After the last N, the daemon stays up with nothing to do (every peripheral caught up, the next sync an hour
-away) for --idle-seconds (default 60): its CPU over that span, as a share of one core.
+away) for two windows of --idle-seconds (default 60) each: its CPU over each, as a share of one core.
+  - "after the drains": from 2 s after the last link was released. It holds what follows a drain: bluetoothd
+    removes each unbonded peripheral's device and GATT objects TemporaryTimeout (30 s) after it disconnected,
+    and the daemon's object cache receives every removal.
+  - "steady": the next window, once that is over: the daemon's own turns (scheduling loop, storage watch,
+    trusted re-read, every 5 s) and the Swift runtime's.
+  Per 10 s, and per thread of the daemon (/proc/PID/task), for both. Thread names are the kernel's: at most 15
+  characters, and libdispatch's workers keep the end of their queue's name ("-qos.overcommit" is
+  com.apple.root.default-qos.overcommit). Threads that exit within a window count in its total only.
 
 Usage (in the bed): bench_daemon.py --ferry BIN [--counts 1,3,5] [--idle-seconds 60]
 Writes RESULTS/bench-daemon.json and prints one JSON line per N.
@@ -26,6 +34,48 @@ import time
 
 import bedlib as b
 from bench_guest import HZ, arg, daemon_cpu, use_local_copy_of_ferry
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread name (threads of one name summed), threads alive now."""
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / HZ
+    return out
+
+
+def idle_window(pid: int, seconds: float) -> dict | None:
+    """The process's CPU over `seconds`, per 10 s, and per thread name (threads that exited meanwhile are in the
+    total only)."""
+    cpu0, threads0 = process_cpu(pid), thread_cpu(pid)
+    profile = []
+    last, left = cpu0, seconds
+    while left > 0:
+        step = min(10.0, left)
+        time.sleep(step)
+        left -= step
+        now_cpu = process_cpu(pid)
+        if last is not None and now_cpu is not None:
+            profile.append(round(now_cpu - last, 3))
+        last = now_cpu
+    threads1 = thread_cpu(pid)
+    if cpu0 is None or last is None:
+        return None
+    per_thread = {name: round(cpu - threads0.get(name, 0.0), 3) for name, cpu in threads1.items()}
+    return {"seconds": seconds, "cpu_seconds": round(last - cpu0, 3),
+            "percent_of_a_core": round(100 * (last - cpu0) / seconds, 3), "cpu_seconds_per_10s": profile,
+            "cpu_seconds_per_thread": {k: v for k, v in sorted(per_thread.items(), key=lambda kv: -kv[1]) if v > 0}}
 
 
 def process_cpu(pid: int) -> float | None:
@@ -94,25 +144,15 @@ def run_daemon(n: int, addrs: list[str], events: int, idle_seconds: float) -> di
         # Idle: every link released (sync and release), nothing due for an hour.
         b.wait_stats(addrs[-1], lambda s: s.get("connected", 0) == 0, 15)
         time.sleep(2.0)
-        idle0 = process_cpu(proc.pid)
-        # Per 10 s as well: the first tens of seconds may hold one-off housekeeping after the drains (the
-        # storage watch's next check), the rest is the steady heartbeat.
-        profile = []
-        last, left = idle0, idle_seconds
-        while left > 0:
-            step = min(10.0, left)
-            time.sleep(step)
-            left -= step
-            now_cpu = process_cpu(proc.pid)
-            if last is not None and now_cpu is not None:
-                profile.append(round(now_cpu - last, 3))
-            last = now_cpu
-        idle1 = last
-        if idle0 is not None and idle1 is not None:
-            row["idle_seconds"] = idle_seconds
-            row["idle_cpu_seconds"] = round(idle1 - idle0, 3)
-            row["idle_cpu_percent_of_a_core"] = round(100 * (idle1 - idle0) / idle_seconds, 3)
-            row["idle_cpu_seconds_per_10s"] = profile
+        for key in ("idle", "idle_steady"):
+            window = idle_window(proc.pid, idle_seconds)
+            if window is None:
+                break
+            row[f"{key}_seconds"] = window["seconds"]
+            row[f"{key}_cpu_seconds"] = window["cpu_seconds"]
+            row[f"{key}_cpu_percent_of_a_core"] = window["percent_of_a_core"]
+            row[f"{key}_cpu_seconds_per_10s"] = window["cpu_seconds_per_10s"]
+            row[f"{key}_cpu_seconds_per_thread"] = window["cpu_seconds_per_thread"]
     proc.send_signal(signal.SIGTERM)
     try:
         row["exit"] = proc.wait(timeout=30)
