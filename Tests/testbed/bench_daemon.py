@@ -36,28 +36,36 @@ import bedlib as b
 from bench_guest import HZ, arg, daemon_cpu, use_local_copy_of_ferry
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread name (threads of one name summed), threads alive now."""
-    out: dict[str, float] = {}
+def stat_cpu(path: str) -> tuple[str, float] | None:
+    """(name, user+system CPU seconds) from a /proc stat file, of a process or of one of its threads."""
+    try:
+        with open(path) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / HZ
+
+
+def process_cpu(pid: int) -> float | None:
+    found = stat_cpu(f"/proc/{pid}/stat")
+    return found[1] if found else None
+
+
+def thread_cpu(pid: int) -> dict[str, tuple[str, float]]:
+    """Thread id → (name, CPU seconds), for the threads alive now."""
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / HZ
-    return out
+        return {}
+    found = {tid: stat_cpu(f"/proc/{pid}/task/{tid}/stat") for tid in tids}
+    return {tid: value for tid, value in found.items() if value is not None}
 
 
 def idle_window(pid: int, seconds: float) -> dict | None:
-    """The process's CPU over `seconds`, per 10 s, and per thread name (threads that exited meanwhile are in the
-    total only)."""
+    """The process's CPU over `seconds`, per 10 s, and per thread name: what the threads alive at the end used in
+    the window (threads that exited meanwhile are in the total only). Per thread id first, then summed by name, so
+    a worker that exited and another of the same name that started do not cancel out."""
     cpu0, threads0 = process_cpu(pid), thread_cpu(pid)
     profile = []
     last, left = cpu0, seconds
@@ -72,20 +80,13 @@ def idle_window(pid: int, seconds: float) -> dict | None:
     threads1 = thread_cpu(pid)
     if cpu0 is None or last is None:
         return None
-    per_thread = {name: round(cpu - threads0.get(name, 0.0), 3) for name, cpu in threads1.items()}
+    per_name: dict[str, float] = {}
+    for tid, (name, cpu) in threads1.items():
+        per_name[name] = per_name.get(name, 0.0) + cpu - threads0.get(tid, (name, 0.0))[1]
     return {"seconds": seconds, "cpu_seconds": round(last - cpu0, 3),
             "percent_of_a_core": round(100 * (last - cpu0) / seconds, 3), "cpu_seconds_per_10s": profile,
-            "cpu_seconds_per_thread": {k: v for k, v in sorted(per_thread.items(), key=lambda kv: -kv[1]) if v > 0}}
-
-
-def process_cpu(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / HZ
+            "cpu_seconds_per_thread": {k: round(v, 3) for k, v in sorted(per_name.items(), key=lambda kv: -kv[1])
+                                       if v > 0}}
 
 
 def run_daemon(n: int, addrs: list[str], events: int, idle_seconds: float) -> dict:
