@@ -281,6 +281,11 @@ public struct SyncSession: Sendable {
         guard let batch = commitInFlight else { return [] }
         noteTime(now)
         commitInFlight = nil
+        // Idle means the LINK was quiet while we could read it. The owner commits on the thread that reads, so a
+        // commit longer than idleTimeout (an SD card's fsync, another connection's checkpoint) would otherwise
+        // end with an idle that never happened: a frame split across notifications is then dropped as a stall
+        // while its rest is on its way, and the frames behind it cost a re-request.
+        lastDataAt = max(lastDataAt, now)
         if cursor > committedCursor { lastProgressAt = now }
         committedCursor = cursor
         statistics.commits += 1

@@ -423,6 +423,22 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.bytesReceived(dataBytes(2...21), now: 1.5) == [batch(1, 2...21)])
     }
 
+    /// A frame split across two notifications, with a commit in between that takes longer than the idle
+    /// timeout (an SD card's fsync, another connection's checkpoint): the gateway was busy, not the link, so
+    /// the half frame waits for its rest instead of being dropped as a stall (which cost a re-request).
+    @Test func aSlowCommitIsNotTakenForAnIdleLink() {
+        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
+        let bytes = dataBytes(1...22)
+        let cut = dataBytes(1...20).count + 7  // frame 21 split after 7 bytes
+        #expect(s.bytesReceived(Array(bytes[..<cut]), now: 1) == [batch(0, 1...20)])
+        #expect(s.commitFinished(cursor: 20, now: 1.4) == [.sendSyncAck(20)])
+        if let deadline = s.nextDeadline, deadline <= 1.41 { _ = s.timerFired(now: 1.41) }
+        #expect(s.decoder.statistics.stalls == 0)
+        #expect(s.bytesReceived(Array(bytes[cut...]), now: 1.45) == [])
+        #expect(s.decoder.statistics.corruptRuns == 0)
+        #expect(s.timerFired(now: 1.7) == [batch(20, 21...22)])
+    }
+
     /// Regression: idle used to be measured from the last whole frame, so a big frame arriving in small
     /// notifications over more than idleTimeout was "stall-resolved" in the middle. Owner fires every deadline.
     @Test func slowLargeFrameIsNotTakenForAStall() {
@@ -453,8 +469,9 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         // no-progress bound (30 s after the cursor was loaded) stands.
         #expect(s.nextDeadline == 30)
         #expect(s.commitFinished(cursor: 20, now: 1.5) == [.sendSyncAck(20)])
-        #expect(s.nextDeadline == 1.25)  // now overdue and actionable: commits 21...25
-        #expect(s.timerFired(now: 1.5) == [batch(20, 21...25)])
+        // Idle counts from the commit's end (the gateway was busy until then): due at 1.75, and actionable.
+        #expect(s.nextDeadline == 1.75)
+        #expect(s.timerFired(now: 1.75) == [batch(20, 21...25)])
         #expect(s.nextDeadline == 31.5)  // the commit of 1...20 at 1.5 was progress
     }
 
