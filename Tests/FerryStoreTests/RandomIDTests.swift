@@ -25,4 +25,13 @@ import Testing
         }
         #expect(seen.count == 10_000)
     }
+
+    /// The random bytes are drawn from one shared pool: ids made on many threads at once never repeat.
+    @Test func idsMadeConcurrentlyDoNotRepeat() async {
+        let batches = await withTaskGroup(of: [String].self) { group in
+            for _ in 0..<8 { group.addTask { (0..<500).map { _ in RandomID.uuidV4() } } }
+            return await group.reduce(into: [[String]]()) { $0.append($1) }
+        }
+        #expect(Set(batches.joined()).count == 8 * 500)
+    }
 }
