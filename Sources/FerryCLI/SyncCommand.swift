@@ -36,7 +36,8 @@ enum SyncCommand {
                              "duration_seconds","discovery_needed","phases","phases_cpu"}; "phases" holds, in seconds since the
                              command started (null: not reached), when each step ended: "discovery" (0-ish when
                              BlueZ already knew the device), "connect", "services_resolved", "stream_info",
-                             "subscribed", "first_data", "last_data", "caught_up", "final_ack", "disconnected";
+                             "subscribed", "first_data", "last_data", "caught_up", "final_ack" (dated by the commit it
+                             acknowledges: the write follows at once), "disconnected";
                              "phases_cpu" the process's CPU seconds (user+system) at "start" (when the sync
                              began, after start-up) and at the same steps (no "last_data"; "final_ack" read
                              at the disconnection that follows it)

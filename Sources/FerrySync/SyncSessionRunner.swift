@@ -158,10 +158,21 @@ public final class SyncSessionRunner {
 
     public var nextDeadline: Double? { machine.nextDeadline }
 
-    /// Records the first time `phase` is reached (or every time, `again`), with the process's CPU then.
+    /// The runner's latest clock reading: every event reads the clock once (`readClock`), and what its actions
+    /// do at once (a SYNC_ACK after a commit) is dated by that reading instead of one more.
+    private var lastClockReading = 0.0
+
+    private func readClock() -> Double {
+        lastClockReading = clock.now()
+        return lastClockReading
+    }
+
+    /// Records the first time `phase` is reached (or every time, `again`), with the process's CPU then. `again`
+    /// phases (every SYNC_ACK moves `finalAck`) take the time of the event that led to them: a clock read per
+    /// ACK is a system call where the clock source has no vDSO.
     private func reached(_ phase: WritableKeyPath<SessionPhases, Double?>, again: Bool = false) {
         guard again || phases[keyPath: phase] == nil else { return }
-        phases[keyPath: phase] = clock.now()
+        phases[keyPath: phase] = again ? lastClockReading : readClock()
         // A phase reached `again` (every SYNC_ACK moves `finalAck`) would cost a getrusage per ACK: its CPU is
         // read at the disconnection, which follows the final ACK at once.
         if !again { phasesCPU[keyPath: phase] = ProcessCPU.seconds() }
@@ -172,8 +183,8 @@ public final class SyncSessionRunner {
     public private(set) var startedAt: Double?
 
     public func start() async {
-        startedAt = clock.now()
-        await execute(machine.connected(hasStreamInfo: transport.hasStreamInfo, now: clock.now()))
+        startedAt = readClock()
+        await execute(machine.connected(hasStreamInfo: transport.hasStreamInfo, now: readClock()))
     }
 
     public func receive(_ bytes: [UInt8]) async {
@@ -185,7 +196,7 @@ public final class SyncSessionRunner {
     /// expects frames to arrive while a commit is outstanding; executing a commit at once made every one
     /// of them wait for a commit of its own).
     public func receive(_ chunks: some Collection<[UInt8]>) async {
-        let now = clock.now()
+        let now = readClock()
         var actions: [SyncAction] = []
         for bytes in chunks {
             summary.bytesReceived &+= bytes.count
@@ -200,13 +211,13 @@ public final class SyncSessionRunner {
     }
 
     public func timerFired() async {
-        await execute(machine.timerFired(now: clock.now()))
+        await execute(machine.timerFired(now: readClock()))
     }
 
     /// The link dropped (the transport saw EOF or a Disconnected signal).
     public func linkLost() async {
         reached(\.disconnected)
-        await execute(machine.disconnected(now: clock.now()))
+        await execute(machine.disconnected(now: readClock()))
         if summary.end == nil {
             // Recorded like any other end: `ferry peripherals` must not keep showing the previous session's.
             summary.end = .linkLost
@@ -217,7 +228,7 @@ public final class SyncSessionRunner {
 
     /// Graceful shutdown: commit and acknowledge what is staged, then disconnect.
     public func stop() async {
-        await execute(machine.stop(now: clock.now()))
+        await execute(machine.stop(now: readClock()))
     }
 
     private func execute(_ initial: [SyncAction]) async {
@@ -241,19 +252,19 @@ public final class SyncSessionRunner {
             do {
                 let bytes = try await transport.readStreamInfo()
                 reached(\.streamInfo)
-                return machine.streamInfoRead(bytes, now: clock.now())
+                return machine.streamInfoRead(bytes, now: readClock())
             } catch {
-                return machine.streamInfoFailed("\(error)", now: clock.now())
+                return machine.streamInfoFailed("\(error)", now: readClock())
             }
         case .loadCursor(let epoch):
             do {
                 let handle = try store.openStream(peripheral: peripheral, deviceEpoch: epoch)
                 stream = handle
                 lastCommittedCursor = handle.cursor
-                return machine.cursorLoaded(handle.cursor, now: clock.now())
+                return machine.cursorLoaded(handle.cursor, now: readClock())
             } catch {
                 log.log(.error, "cannot open stream: \(error)")
-                return machine.commitFailed(now: clock.now())
+                return machine.commitFailed(now: readClock())
             }
         case .recordRegression(_, let cursor, let head):
             guard let current = stream else { return [] }
@@ -265,10 +276,10 @@ public final class SyncSessionRunner {
                         + "recorded, new events go to store epoch \(rebased.key.epoch)")
                 stream = rebased
                 lastCommittedCursor = 0
-                return machine.cursorLoaded(0, now: clock.now())
+                return machine.cursorLoaded(0, now: readClock())
             } catch {
                 log.log(.error, "cannot record regression: \(error)")
-                return machine.commitFailed(now: clock.now())
+                return machine.commitFailed(now: readClock())
             }
         case .subscribe:
             do {
@@ -283,7 +294,7 @@ public final class SyncSessionRunner {
                 summary.end = .subscribeFailed("\(error)")
                 recordSessionEnd()
                 dropQueuedActions = true
-                let flush = machine.disconnected(now: clock.now())
+                let flush = machine.disconnected(now: readClock())
                 await transport.disconnect()
                 reached(\.disconnected)
                 finished = true
@@ -311,14 +322,14 @@ public final class SyncSessionRunner {
             }
             return []
         case .commit(let batch):
-            guard let current = stream else { return machine.commitFailed(now: clock.now()) }
+            guard let current = stream else { return machine.commitFailed(now: readClock()) }
             if let budget = diskBudgetBytes, let used = try? store.diskBytes(), used > budget {
                 summary.backpressure = true
                 log.log(
                     .warning,
                     "store uses \(used) bytes, over its budget of \(budget): not committing or "
                         + "acknowledging; the peripheral keeps its events (backpressure)")
-                return machine.commitFailed(now: clock.now())
+                return machine.commitFailed(now: readClock())
             }
             do {
                 let outcome = try commitRetryingWhileBusy(batch, to: current.key)
@@ -328,7 +339,7 @@ public final class SyncSessionRunner {
                 if let gap = outcome.gapRecorded {
                     log.log(.warning, "gap \(gap.lowerBound)...\(gap.upperBound) recorded (events lost)")
                 }
-                return machine.commitFinished(cursor: outcome.cursor, now: clock.now())
+                return machine.commitFinished(cursor: outcome.cursor, now: readClock())
             } catch StoreError.sqlite(let e) where e.isFull {
                 // Same as over budget: nothing acknowledged, so nothing lost; the daemon pauses sessions until
                 // the storage watch has made room.
@@ -338,10 +349,10 @@ public final class SyncSessionRunner {
                     .error,
                     "disk full (SQLITE_FULL): window not committed, nothing acknowledged; the "
                         + "peripheral keeps its events (backpressure)")
-                return machine.commitFailed(now: clock.now())
+                return machine.commitFailed(now: readClock())
             } catch {
                 log.log(.error, "commit failed, nothing acknowledged: \(error)")
-                return machine.commitFailed(now: clock.now())
+                return machine.commitFailed(now: readClock())
             }
         case .caughtUp(let cursor):
             reached(\.caughtUp)
