@@ -252,8 +252,14 @@ final class BusLoop {
         }
     }
 
+    /// Something in this loop has a deadline (a call awaiting its reply, an enabled libdbus timeout). Only then is
+    /// the clock read: a session's notifications and signals wake this loop hundreds of times with nothing timed,
+    /// and on a machine whose clock source has no vDSO every read is a system call.
+    private var anythingTimed: Bool {
+        !calls.isEmpty || timeouts.contains { dbus_timeout_get_enabled($0.pointer) != 0 }
+    }
+
     private func waitForEvents() {
-        let now = clock.now
         var nextDeadline: ContinuousClock.Instant? = calls.values.map(\.deadline).min()
         for entry in timeouts where dbus_timeout_get_enabled(entry.pointer) != 0 {
             let due = entry.armedAt + .milliseconds(Int(dbus_timeout_get_interval(entry.pointer)))
@@ -261,7 +267,7 @@ final class BusLoop {
         }
         var timeoutMS: Int32 = -1
         if let nextDeadline {
-            let remaining = nextDeadline - now
+            let remaining = nextDeadline - clock.now
             timeoutMS = remaining <= .zero ? 0 : Int32(min(remaining / .milliseconds(1), 60_000).rounded(.up))
         }
 
@@ -294,6 +300,7 @@ final class BusLoop {
             }
         }
 
+        guard anythingTimed else { return }
         let after = clock.now
         for entry in timeouts where dbus_timeout_get_enabled(entry.pointer) != 0 {
             if after - entry.armedAt >= .milliseconds(Int(dbus_timeout_get_interval(entry.pointer))) {
