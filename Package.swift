@@ -29,6 +29,8 @@ let package = Package(
         .systemLibrary(
             name: "CBluetooth", path: "Sources/CBluetooth",
             providers: [.apt(["libbluetooth-dev"])]),
+        // The kernel's futex (Linux headers only, nothing linked): DatabaseThread's sleep and wake.
+        .systemLibrary(name: "CFutex", path: "Sources/CFutex"),
 
         // The one way to do small shared things: JSON writer, civil time / RFC 3339, backoff, version, a locked value
         // and a wake-up for waiting loops. No C.
@@ -36,7 +38,7 @@ let package = Package(
         // Pure protocol logic: frames, CRC, STREAM_INFO, the sync session state machine. No I/O, no C.
         .target(name: "FerryProtocol"),
         // Durable store over SQLite: staged frames, transactional outbox, cursors.
-        .target(name: "FerryStore", dependencies: ["CSQLite", "FerryCore", "FerryProtocol"]),
+        .target(name: "FerryStore", dependencies: ["CSQLite", "CFutex", "FerryCore", "FerryProtocol"]),
         // Outbox forwarder to the backend over HTTP(S).
         .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
         // libdbus bindings: connection, marshalling, signals.

@@ -1,3 +1,4 @@
+import CFutex
 import Foundation
 
 #if canImport(Glibc)
@@ -12,7 +13,7 @@ import Foundation
 /// (`withTaskExecutorPreference`) runs its nonisolated code here (a sync session, with its store).
 ///
 /// It also keeps one timer for the work confined to it (`setTimer`: a live session's next deadline), waited for in
-/// the same condition wait as the jobs.
+/// the same sleep as the jobs.
 ///
 /// The two roles are two executor objects on one queue: a job an actor enqueues runs isolated to the serial one;
 /// a job of a task that prefers the thread runs on the task executor, not isolated to anything. Running the
@@ -21,7 +22,12 @@ import Foundation
 public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     // Guarded by `mutex` (pthread, not Synchronization.Mutex: ThreadSanitizer sees these handoffs).
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let condition: UnsafeMutablePointer<pthread_cond_t>
+    /// The thread sleeps on this futex word (not a condition variable: see CFutex). Changed only under `mutex`,
+    /// by whoever wakes the thread; the kernel compares it as the thread goes to sleep, so a wake between the
+    /// unlock and the sleep is not lost.
+    private let wakeWord: UnsafeMutablePointer<UInt32>
+    /// The thread is asleep (or about to be) on `wakeWord`: work handed to it must wake it.
+    private var sleeping = false
     /// `isolated`: enqueued by an actor through `serialExecutor`.
     private var jobs: [(job: UnownedJob, isolated: Bool)] = []
     /// The thread as an actor's executor (`asUnownedSerialExecutor()`).
@@ -46,15 +52,8 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         mutex = .allocate(capacity: 1)
         mutex.initialize(to: pthread_mutex_t())
         pthread_mutex_init(mutex, nil)
-        condition = .allocate(capacity: 1)
-        condition.initialize(to: pthread_cond_t())
-        // Timed waits measure CLOCK_MONOTONIC, like the session's deadlines: a wall-clock step (NTP after
-        // days offline) must not fire or postpone a timer.
-        var attributes = pthread_condattr_t()
-        pthread_condattr_init(&attributes)
-        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
-        pthread_cond_init(condition, &attributes)
-        pthread_condattr_destroy(&attributes)
+        wakeWord = .allocate(capacity: 1)
+        wakeWord.initialize(to: 0)
         // The kernel's name for the thread (top -H, /proc): Foundation's Thread.name does not reach it on Linux.
         // Plain open/write: Foundation's String.write(toFile:) costs more than the thread's first commit.
         let comm = Array(name.utf8.prefix(15))
@@ -72,9 +71,7 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     }
 
     deinit {
-        pthread_cond_destroy(condition)
-        condition.deinitialize(count: 1)
-        condition.deallocate()
+        wakeWord.deallocate()
         pthread_mutex_destroy(mutex)
         mutex.deinitialize(count: 1)
         mutex.deallocate()
@@ -95,8 +92,18 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
             return
         }
         jobs.append((job, isolated))
-        pthread_cond_signal(condition)
+        let wake = takeSleeper()
         pthread_mutex_unlock(mutex)
+        if wake { ferry_futex_wake_one(wakeWord) }
+    }
+
+    /// Under `mutex`: whether the thread sleeps and must be woken (after the unlock, so that it does not wake
+    /// into a held mutex); marks the word changed so a sleep about to begin returns at once.
+    private func takeSleeper() -> Bool {
+        guard sleeping else { return false }
+        sleeping = false
+        wakeWord.pointee &+= 1
+        return true
     }
 
     /// For an actor that keeps its state on this thread (`unownedExecutor`).
@@ -115,13 +122,14 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     public func stop() {
         pthread_mutex_lock(mutex)
         stopping = true
-        pthread_cond_signal(condition)
+        let wake = takeSleeper()
         pthread_mutex_unlock(mutex)
+        if wake { ferry_futex_wake_one(wakeWord) }
     }
 
     /// Runs `action` on this thread, between jobs, once `delay` seconds have passed (CLOCK_MONOTONIC); replaces
     /// the timer set before, and nil `delay` cancels it. A live session arms its next deadline here: waiting in the
-    /// thread's own condition wait wakes no other thread, where a sleeping task's timer goes through the global
+    /// thread's own sleep wakes no other thread, where a sleeping task's timer goes through the global
     /// executor's timer thread and a pool thread every time it is armed, cancelled or fired.
     public func setTimer(after delay: Double?, _ action: @escaping @Sendable () -> Void = {}) {
         // Capped (about 11 days): a deadline that far out is "never" for a session, and the sum cannot overflow.
@@ -132,10 +140,10 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         pthread_mutex_lock(mutex)
         timerGeneration &+= 1
         timer = deadline.map { ($0, timerGeneration, action) }
-        // Wakes the thread only if it is waiting (a cond signal without waiters is no system call): from its own
-        // thread, the next wait picks the timer up.
-        pthread_cond_signal(condition)
+        // Wakes the thread only if it sleeps: from its own thread, the next sleep picks the timer up.
+        let wake = takeSleeper()
         pthread_mutex_unlock(mutex)
+        if wake { ferry_futex_wake_one(wakeWord) }
     }
 
     private func run() {
@@ -151,12 +159,22 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
                 timer = nil
             }
             while jobs.isEmpty && !stopping && fired == nil {
-                guard let t = timer else {
-                    pthread_cond_wait(condition, mutex)
-                    continue
+                let t = timer
+                sleeping = true
+                let seen = wakeWord.pointee
+                pthread_mutex_unlock(mutex)
+                // Deadlines are CLOCK_MONOTONIC, like the session's: a wall-clock step (NTP after days offline)
+                // must not fire or postpone a timer.
+                var timedOut = false
+                if let t {
+                    var deadline = timespec(tv_sec: t.deadline / 1_000_000_000, tv_nsec: t.deadline % 1_000_000_000)
+                    timedOut = ferry_futex_wait(wakeWord, seen, &deadline) == -1 && errno == ETIMEDOUT
+                } else {
+                    _ = ferry_futex_wait(wakeWord, seen, nil)
                 }
-                var deadline = timespec(tv_sec: t.deadline / 1_000_000_000, tv_nsec: t.deadline % 1_000_000_000)
-                if pthread_cond_timedwait(condition, mutex, &deadline) == ETIMEDOUT, timer?.generation == t.generation {
+                pthread_mutex_lock(mutex)
+                sleeping = false
+                if timedOut, let t, timer?.generation == t.generation {
                     fired = t.action
                     timer = nil
                 }

@@ -1,0 +1,26 @@
+#ifndef FERRY_CFUTEX_SHIM_H
+#define FERRY_CFUTEX_SHIM_H
+#include <linux/futex.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The kernel's futex, for DatabaseThread's sleep: a thread woken from pthread_cond_wait takes its mutex back
+   marked "contended" (glibc), so its next unlock is one more system call (FUTEX_WAKE) although nobody waits:
+   measured with perf in the test bed, one extra system call per notification of a sync session. syscall() is
+   variadic, which Swift cannot call: hence these wrappers. */
+
+/* Sleeps while *word == expected, until woken, or until `deadline` (absolute, CLOCK_MONOTONIC; NULL: none).
+   Returns 0 when woken, else -1 with errno: ETIMEDOUT, EAGAIN (*word had already changed) or EINTR. */
+static inline int ferry_futex_wait(uint32_t *word, uint32_t expected, const struct timespec *deadline) {
+    /* FUTEX_WAIT_BITSET's timeout is absolute, on CLOCK_MONOTONIC unless FUTEX_CLOCK_REALTIME is given. */
+    return (int)syscall(SYS_futex, word, FUTEX_WAIT_BITSET | FUTEX_PRIVATE_FLAG, expected, deadline, NULL,
+                        FUTEX_BITSET_MATCH_ANY);
+}
+
+/* Wakes one thread sleeping on `word`. */
+static inline void ferry_futex_wake_one(uint32_t *word) {
+    (void)syscall(SYS_futex, word, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, NULL, NULL, 0);
+}
+#endif
