@@ -92,18 +92,20 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
             return
         }
         jobs.append((job, isolated))
-        let wake = takeSleeper()
-        pthread_mutex_unlock(mutex)
-        if wake { ferry_futex_wake_one(wakeWord) }
+        unlockWakingTheThread()
     }
 
-    /// Under `mutex`: whether the thread sleeps and must be woken (after the unlock, so that it does not wake
-    /// into a held mutex); marks the word changed so a sleep about to begin returns at once.
-    private func takeSleeper() -> Bool {
-        guard sleeping else { return false }
-        sleeping = false
-        wakeWord.pointee &+= 1
-        return true
+    /// Releases `mutex` (held by the caller, who just handed the thread something) and wakes the thread if it
+    /// sleeps: the word is changed under the mutex, so a sleep about to begin returns at once, and the wake comes
+    /// after the unlock, so the thread does not wake into a held mutex.
+    private func unlockWakingTheThread() {
+        let wake = sleeping
+        if wake {
+            sleeping = false
+            wakeWord.pointee &+= 1
+        }
+        pthread_mutex_unlock(mutex)
+        if wake { ferry_futex_wake_one(wakeWord) }
     }
 
     /// For an actor that keeps its state on this thread (`unownedExecutor`).
@@ -122,9 +124,7 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     public func stop() {
         pthread_mutex_lock(mutex)
         stopping = true
-        let wake = takeSleeper()
-        pthread_mutex_unlock(mutex)
-        if wake { ferry_futex_wake_one(wakeWord) }
+        unlockWakingTheThread()
     }
 
     /// Runs `action` on this thread, between jobs, once `delay` seconds have passed (CLOCK_MONOTONIC); replaces
@@ -141,9 +141,7 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         timerGeneration &+= 1
         timer = deadline.map { ($0, timerGeneration, action) }
         // Wakes the thread only if it sleeps: from its own thread, the next sleep picks the timer up.
-        let wake = takeSleeper()
-        pthread_mutex_unlock(mutex)
-        if wake { ferry_futex_wake_one(wakeWord) }
+        unlockWakingTheThread()
     }
 
     private func run() {

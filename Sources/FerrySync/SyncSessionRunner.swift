@@ -183,8 +183,9 @@ public final class SyncSessionRunner {
     public private(set) var startedAt: Double?
 
     public func start() async {
-        startedAt = readClock()
-        await execute(machine.connected(hasStreamInfo: transport.hasStreamInfo, now: readClock()))
+        let now = readClock()
+        startedAt = now
+        await execute(machine.connected(hasStreamInfo: transport.hasStreamInfo, now: now))
     }
 
     public func receive(_ bytes: [UInt8]) async {
