@@ -198,8 +198,11 @@ public final class SyncSessionRunner {
     /// of them wait for a commit of its own).
     public func receive(_ chunks: some Collection<[UInt8]>) async {
         let now = readClock()
+        let quietBefore = phases.lastData.map { now - $0 }
         var actions: [SyncAction] = []
+        var bytesIn = 0
         for bytes in chunks {
+            bytesIn += bytes.count
             summary.bytesReceived &+= bytes.count
             metrics?.received(bytes: bytes.count)
             if !bytes.isEmpty {
@@ -208,11 +211,12 @@ public final class SyncSessionRunner {
             }
             actions += machine.bytesReceived(bytes, now: now)
         }
-        await execute(actions)
+        await execute(actions, source: .notifications(count: chunks.count, bytes: bytesIn, quietBefore: quietBefore))
     }
 
     public func timerFired() async {
-        await execute(machine.timerFired(now: readClock()))
+        let now = readClock()
+        await execute(machine.timerFired(now: now), source: .idleTimeout(quietFor: phases.lastData.map { now - $0 }))
     }
 
     /// The link dropped (the transport saw EOF or a Disconnected signal).
@@ -232,7 +236,7 @@ public final class SyncSessionRunner {
         await execute(machine.stop(now: readClock()))
     }
 
-    private func execute(_ initial: [SyncAction]) async {
+    private func execute(_ initial: [SyncAction], source: ByteSource = .sessionEvent) async {
         var queue = initial[...]
         while let action = queue.popFirst() {
             let more = await perform(action)
@@ -242,7 +246,42 @@ public final class SyncSessionRunner {
             }
             if !more.isEmpty { queue = ArraySlice(Array(queue) + more) }
         }
+        logCorruptRuns(source)
         updateSummary()
+    }
+
+    /// What handed the decoder the bytes it found corrupt: the debug log's account of each corrupt run.
+    private enum ByteSource {
+        /// Damaged bytes inside notifications; `quietBefore`: seconds since the data before them.
+        case notifications(count: Int, bytes: Int, quietBefore: Double?)
+        /// A frame left incomplete when the link went quiet: its rest never came (a notification lost on the way).
+        case idleTimeout(quietFor: Double?)
+        /// A commit, link loss or stop that let the decoder judge what it held.
+        case sessionEvent
+    }
+
+    /// Corrupt runs already logged.
+    private var corruptRunsLogged = 0
+
+    /// One debug line per new corrupt run: where it came from and how quiet the link had been, so an operator
+    /// can tell a damaged link from notifications lost on the way.
+    private func logCorruptRuns(_ source: ByteSource) {
+        let runs = machine.decoder.statistics.corruptRuns
+        guard runs > corruptRunsLogged else { return }
+        defer { corruptRunsLogged = runs }
+        func ms(_ seconds: Double?) -> String { seconds.map { String(Int(($0 * 1000).rounded())) + " ms" } ?? "-" }
+        let cause =
+            switch source {
+            case .notifications(let count, let bytes, let quiet):
+                "in \(count) notification(s) of \(bytes) bytes (\(ms(quiet)) after the data before them)"
+            case .idleTimeout(let quiet): "on the idle timeout: a frame left incomplete, the link quiet for \(ms(quiet))"
+            case .sessionEvent: "when the session flushed its buffer"
+            }
+        let first = corruptRunsLogged + 1
+        log.log(
+            .debug,
+            "corrupt run\(runs > first ? "s \(first)-\(runs)" : " \(runs)") \(cause); "
+                + "\(machine.decoder.statistics.discardedBytes) bytes discarded so far, cursor \(lastCommittedCursor)")
     }
 
     /// Reads the clock only where an event needs the time: in some test beds a clock read is a system call

@@ -178,3 +178,36 @@ func busyStoreIsRetriedNotFatal() async throws {
     #expect(outcome.ending == .finished && runner.summary.end == .disconnected(.caughtUp), "\(runner.summary)")
     #expect(runner.summary.framesStored == 100)
 }
+
+@Test("each corrupt run is logged at debug with where it came from: damaged bytes in a notification, or a frame cut short by a lost one")
+func corruptRunsAreLoggedWithTheirCause() async throws {
+    let dir = try TemporaryDirectory("corruptlog")
+    defer { dir.remove() }
+    var config = SimulatedPeripheral.Configuration()
+    config.notificationSize = 64  // frames span notifications: a lost one leaves a frame incomplete
+    var faults = SimulatedPeripheral.Faults()
+    faults.dropNotification = 0.05
+    faults.bitFlipRate = 2e-5
+    let peripheral = try SimulatedPeripheral(directory: nil, configuration: config, faults: faults, seed: 31)
+    try peripheral.record(count: 3_000)
+    let store = try GatewayStore(path: dir.path("gateway.sqlite"))
+    let clock = ManualClock(start: 100)
+    let transport = SimulatedTransport(connectingTo: peripheral, now: clock.now())
+    let lines = StoragePressureTests.Lines()
+    let runner = SyncSessionRunner(
+        peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: transport, clock: clock,
+        log: lines)
+    _ = await SessionDriver.run(runner: runner, transport: transport, clock: clock)
+    let logged = lines.matching("corrupt run")
+    #expect(runner.summary.corrupt > 0, "the faults produced corrupt runs: \(peripheral.statistics)")
+    // One line per corrupt run, or per group of them judged at once ("corrupt runs 4-6").
+    let counted = logged.map { line -> Int in
+        guard let range = line.firstMatch(of: #/corrupt runs (\d+)-(\d+) /#) else { return 1 }
+        return Int(range.2)! - Int(range.1)! + 1
+    }.reduce(0, +)
+    #expect(counted == runner.summary.corrupt, "every corrupt run accounted for: \(logged)")
+    #expect(lines.lines.withLock { $0.filter { $0.1.contains("corrupt run") }.allSatisfy { $0.0 == LogLevel.debug } })
+    #expect(logged.contains { $0.contains("on the idle timeout: a frame left incomplete") }, "a lost notification: \(logged.count) lines")
+    #expect(logged.contains { $0.contains("notification(s) of") }, "damaged bytes inside a notification: \(logged)")
+    #expect(logged.allSatisfy { $0.hasPrefix("C0:FF:EE:00:00:01: corrupt run") && $0.contains("bytes discarded so far") })
+}
