@@ -153,6 +153,9 @@ public struct SyncSession: Sendable {
     private var awaitingReplayDecision = false
     /// When DATA bytes last arrived (or a SYNC_REQ went out): the reference for every idle decision.
     private var lastDataAt: Double = 0
+    /// The link went idle with nothing buffered but the start of one frame (`handleIdle`): kept for its rest
+    /// until DATA has been silent for the response timeout. Cleared by the next bytes.
+    private var keptPartialFrame = false
     /// When the last SYNC_REQ or SYNC_ACK went out while more DATA was expected (nil: not waiting).
     private var waitingSince: Double?
     private var requestAttempts = 0
@@ -266,7 +269,10 @@ public struct SyncSession: Sendable {
         noteTime(now)
         // Idle means no BYTES: a big frame on a small-MTU link spans many notifications and may take longer
         // than the idle timeout; keying idle on whole frames would "resolve a stall" in the middle of it.
-        if !bytes.isEmpty { lastDataAt = now }
+        if !bytes.isEmpty {
+            lastDataAt = now
+            keptPartialFrame = false
+        }
         var actions: [SyncAction] = []
         var frames: [Frame] = []
         decoder.feed(bytes) { frames.append($0) }
@@ -447,10 +453,13 @@ public struct SyncSession: Sendable {
         // Only deadlines whose handler would act: a past deadline that changes nothing (e.g. idle while a
         // commit is in flight) would make an owner that re-arms its timer spin until the commit finishes.
         let idleWouldAct =
-            decoder.bufferedByteCount > 0 || (commitInFlight == nil && !staged.isEmpty)
+            (decoder.bufferedByteCount > 0 && !keptPartialFrame) || (commitInFlight == nil && !staged.isEmpty)
             || (phase == .draining && afterCommit != .resolveGap)
         if idleWouldAct {
             deadlines.append(lastDataAt + configuration.idleTimeout)
+        }
+        if keptPartialFrame {
+            deadlines.append(lastDataAt + configuration.responseTimeout)
         }
         if let since = waitingSince, phase == .streaming, commitInFlight == nil, staged.isEmpty,
             decoder.bufferedByteCount == 0
@@ -618,10 +627,18 @@ public struct SyncSession: Sendable {
 
     private mutating func handleIdle(now: Double) -> [SyncAction] {
         var actions: [SyncAction] = []
+        keptPartialFrame = false
         if decoder.bufferedByteCount > 0 {
-            var frames: [Frame] = []
-            decoder.resolveStall { frames.append($0) }
-            for frame in frames { actions += handle(frame, now: lastDataAt) }
+            if phase == .streaming, now < lastDataAt + configuration.responseTimeout, holdsOnlyAPartialFrame {
+                // The start of a frame and nothing behind it: over a slow link its rest is still on the way (a
+                // link can pause for a second and stay up), and dropping it would cost a re-request. Nothing
+                // waits behind it, so keeping it delays no frame; the response timeout bounds the wait.
+                keptPartialFrame = true
+            } else {
+                var frames: [Frame] = []
+                decoder.resolveStall { frames.append($0) }
+                for frame in frames { actions += handle(frame, now: lastDataAt) }
+            }
         }
         switch phase {
         case .draining:
@@ -641,6 +658,16 @@ public struct SyncSession: Sendable {
             break
         }
         return actions
+    }
+
+    /// Whether the buffered bytes hold no complete frame however they are resolved: only the start of one frame
+    /// (a damaged length field holding back the frames behind it is the other case: resolve that at once).
+    /// Tried on a copy of the decoder; at most once per idle tick.
+    private var holdsOnlyAPartialFrame: Bool {
+        var trial = decoder
+        var found = false
+        trial.resolveStall { _ in found = true }
+        return !found
     }
 
     private mutating func startGapResolution(now: Double) -> [SyncAction] {
