@@ -439,10 +439,10 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         #expect(s.timerFired(now: 1.7) == [batch(20, 21...22)])
     }
 
-    /// A link that pauses mid-frame (a frame split across two notifications, the second one late): at idle the
-    /// complete frames are committed and acknowledged, the half frame waits for its rest, and when it comes the
-    /// frame is staged as if nothing happened: no corrupt run, no re-request.
-    @Test func aHalfFrameWaitsOutASlowLink() {
+    /// A session that got frames 1...10 and the first 9 bytes of frame 11, went idle (1...10 committed and
+    /// acknowledged, the half frame kept) and has nothing due before the response timeout. Returns the rest of
+    /// frame 11 followed by frame 12.
+    private func sessionHoldingAHalfFrame() -> (SyncSession, rest: [UInt8]) {
         var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
         let bytes = dataBytes(1...12)
         let cut = dataBytes(1...10).count + 9  // frame 11 split after 9 bytes
@@ -454,8 +454,16 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
         // Nothing to do before the response timeout (counted from the commit's end): no past deadline for an
         // owner to spin on.
         #expect(s.nextDeadline == 3.25)
+        return (s, Array(bytes[cut...]))
+    }
+
+    /// A link that pauses mid-frame (a frame split across two notifications, the second one late): at idle the
+    /// complete frames are committed and acknowledged, the half frame waits for its rest, and when it comes the
+    /// frame is staged as if nothing happened: no corrupt run, no re-request.
+    @Test func aHalfFrameWaitsOutASlowLink() {
+        var (s, rest) = sessionHoldingAHalfFrame()
         #expect(s.timerFired(now: 2) == [])
-        #expect(s.bytesReceived(Array(bytes[cut...]), now: 2.5) == [])
+        #expect(s.bytesReceived(rest, now: 2.5) == [])
         #expect(s.decoder.statistics.corruptRuns == 0 && s.decoder.statistics.stalls == 0)
         #expect(s.timerFired(now: 2.75) == [batch(10, 11...12)])
     }
@@ -463,12 +471,7 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
     /// The rest of a kept half frame never comes (its notification was lost) and the link stays quiet: once DATA
     /// has been silent for the response timeout the half frame is a corrupt run, and the session goes on.
     @Test func aHalfFrameWhoseRestNeverComesIsDroppedAtTheResponseTimeout() {
-        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
-        let cut = dataBytes(1...10).count + 9
-        #expect(s.bytesReceived(Array(dataBytes(1...12)[..<cut]), now: 1) == [])
-        #expect(s.timerFired(now: 1.25) == [batch(0, 1...10)])
-        #expect(s.commitFinished(cursor: 10, now: 1.25) == [.sendSyncAck(10)])
-        #expect(s.nextDeadline == 3.25)
+        var (s, _) = sessionHoldingAHalfFrame()
         // Silent for the response timeout: the half frame is dropped, and the peripheral is asked again.
         #expect(s.timerFired(now: 3.25) == [.sendSyncRequest(lastCommitted: 10, window: Frame.defaultWindow)])
         #expect(s.decoder.bufferedByteCount == 0)
@@ -478,11 +481,7 @@ func startedSession(cursor: UInt64, streamInfo: [UInt8]?, configuration: SyncSes
     /// Bytes after a half frame whose rest was really lost (the peripheral sent on): at the next idle the frames
     /// behind it are found (one corrupt run) and reach the session as a gap to resolve, as before.
     @Test func aKeptHalfFrameFollowedByOtherFramesIsOneCorruptRun() {
-        var (s, _) = startedSession(cursor: 0, streamInfo: info(oldest: 1, head: 50))
-        let cut = dataBytes(1...10).count + 9
-        #expect(s.bytesReceived(Array(dataBytes(1...12)[..<cut]), now: 1) == [])
-        #expect(s.timerFired(now: 1.25) == [batch(0, 1...10)])
-        #expect(s.commitFinished(cursor: 10, now: 1.25) == [.sendSyncAck(10)])
+        var (s, _) = sessionHoldingAHalfFrame()
         _ = s.bytesReceived(dataBytes(13...20), now: 1.5)
         #expect(s.nextDeadline == 1.75, "frames wait behind the half frame: idle resolves it as a stall")
         _ = s.timerFired(now: 1.75)
