@@ -341,6 +341,12 @@ public final class SyncSessionRunner {
                 return flush
             }
         case .sendSyncRequest(let last, let window):
+            // Every request after the first is a re-request (a stall, a gap, no answer): what duplicates follow.
+            let request = machine.statistics.syncRequests
+            log.log(
+                .debug,
+                "SYNC_REQ \(request) from \(last), window \(window)"
+                    + (request > 1 ? " (re-request; \(machine.statistics.duplicates) duplicates so far)" : ""))
             do {
                 try await transport.writeControl(Frame.syncRequest(lastCommitted: last, window: window).encoded())
             } catch {

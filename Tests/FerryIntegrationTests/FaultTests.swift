@@ -210,4 +210,8 @@ func corruptRunsAreLoggedWithTheirCause() async throws {
     #expect(logged.contains { $0.contains("on the idle timeout: a frame left incomplete") }, "a lost notification: \(logged.count) lines")
     #expect(logged.contains { $0.contains("notification(s) of") }, "damaged bytes inside a notification: \(logged)")
     #expect(logged.allSatisfy { $0.hasPrefix("C0:FF:EE:00:00:01: corrupt run") && $0.contains("bytes discarded so far") })
+    // The re-requests the damage caused are on the debug log too (the duplicates that follow them).
+    let requests = lines.matching(": SYNC_REQ ")
+    #expect(requests.count == runner.machine.statistics.syncRequests && requests.count > 1)
+    #expect(requests.first?.contains("SYNC_REQ 1 from 0, window") == true && requests.dropFirst().allSatisfy { $0.contains("re-request") })
 }
