@@ -7,6 +7,9 @@
     one-line error within its --timeout (never hangs), never acknowledges uncommitted frames (store cursor
     >= the peripheral's highest ACK, 0 violations); a sync after the restart completes to 7000.
  4. unknown address, --adapter hci9, a peripheral without the Sync service: one-line errors, exit 1.
+ 5. a slow but healthy link (P2 sends 3 notifications of 20 bytes a second, so every frame spans notifications
+    that come more than the 250 ms idle apart): a sync of 25 s stores frames steadily, with no corrupt run,
+    no stall and no gap (a half frame waits for its rest), and acknowledges nothing uncommitted.
 
 Host: python3 Tests/testbed/sync_clean.py [--results DIR]      (build ferry first: swift build)
 """
@@ -149,6 +152,29 @@ def scenario_errors(c: b.Checks, db: str) -> None:
         foreign.kill()
 
 
+SLOW_SECONDS = 25
+
+
+def scenario_slow_link(c: b.Checks, addr: str, db: str) -> None:
+    r = b.ferry(b.sync_args(addr, db, timeout=SLOW_SECONDS), limit=SLOW_SECONDS + 30)
+    j = r.json or {}
+    c.note(f"5: {r.brief()}")
+    c.check("5 slow link: the sync ran until its --timeout (exit 1, 'timeout after ...')",
+            r.rc == 1 and str(j.get("result", "")).startswith("timeout"), r.brief())
+    # 3 notifications/s of 20 bytes carry ~1.7 frames/s: ~20 s of data after connecting is ~35 frames.
+    c.check("5 slow link: frames stored steadily (>= 15), no corrupt run, no stall, no gap",
+            (j.get("frames_stored") or 0) >= 15 and j.get("corrupt") == 0 and j.get("stalls") == 0
+            and j.get("gaps") == 0, str({k: j.get(k) for k in ("frames_stored", "corrupt", "stalls", "gaps", "duplicates")}))
+    s = b.stats_when(addr, lambda st: st["connected"] == 0)
+    store = b.Store(db)
+    streams = store.streams(addr)
+    store.close()
+    cursor = streams[0]["cursor"] if streams else -1
+    c.check("5 slow link: store cursor == frames stored >= the peripheral's highest ACK, 0 violations",
+            cursor == j.get("frames_stored") and cursor >= s["highest_ack"] and s["violations"] == 0,
+            f"cursor {cursor}, highest_ack {s['highest_ack']}, violations {s['violations']}")
+
+
 def guest() -> int:
     c = b.Checks(SCENARIO)
     addr = b.peripherals()[0]
@@ -158,6 +184,7 @@ def guest() -> int:
         scenario_bulk(c, addr, db)
         restarted = scenario_bluetoothd_kill(c, addr, db)
         scenario_errors(c, os.path.join(b.scratch(), "errors.sqlite"))
+        scenario_slow_link(c, b.peripherals()[1], os.path.join(b.scratch(), "slow.sqlite"))
     except Exception as e:  # a crash in the scenario is a failure, with its reason in checks.json
         c.crashed(e)
     finally:
@@ -173,4 +200,5 @@ def guest() -> int:
 if __name__ == "__main__":
     if "--guest" in sys.argv:
         sys.exit(guest())
-    sys.exit(b.host_main(__file__, SCENARIO, ["--peripherals", "1", "--events", str(EVENTS)], bed_timeout=900))
+    sys.exit(b.host_main(__file__, SCENARIO, ["--peripherals", "2", "--events", str(EVENTS), "--fault", "2:slow=3"],
+                         bed_timeout=900))
