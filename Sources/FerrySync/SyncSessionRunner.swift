@@ -269,7 +269,7 @@ public final class SyncSessionRunner {
         let runs = machine.decoder.statistics.corruptRuns
         guard runs > corruptRunsLogged else { return }
         defer { corruptRunsLogged = runs }
-        func ms(_ seconds: Double?) -> String { seconds.map { String(Int(($0 * 1000).rounded())) + " ms" } ?? "-" }
+        let ms = Self.milliseconds
         let cause =
             switch source {
             case .notifications(let count, let bytes, let quiet):
@@ -429,16 +429,19 @@ public final class SyncSessionRunner {
         }
     }
 
+    /// Seconds as whole milliseconds for the debug lines ("1234ms"); "-" when unknown or not a finite number.
+    private static func milliseconds(_ seconds: Double?) -> String {
+        guard let seconds, seconds.isFinite, abs(seconds) < 1e12 else { return "-" }
+        return String(Int((seconds * 1000).rounded())) + "ms"
+    }
+
     /// The phase times at debug level, relative to the session's start (`start()`): where a session's link
     /// time goes (setup, data, teardown).
     private func logPhases() {
         let p = phases
         let c = phasesCPU
-        func at(_ t: Double?) -> String {
-            guard let t, let origin = startedAt else { return "-" }
-            return String(Int(((t - origin) * 1000).rounded())) + "ms"
-        }
-        func cpu(_ t: Double?) -> String { t.map { String(Int(($0 * 1000).rounded())) + "ms" } ?? "-" }
+        func at(_ t: Double?) -> String { Self.milliseconds(t.flatMap { t in startedAt.map { t - $0 } }) }
+        let cpu = Self.milliseconds
         log.log(
             .debug,
             "session phases: stream_info \(at(p.streamInfo)) subscribed \(at(p.subscribed)) first_data "
