@@ -2,15 +2,6 @@
 // Ferry: a BLE central gateway for Linux/BlueZ. One module per concern; see README.md.
 import PackageDescription
 
-/// Generic types' metadata through direct accessor calls, not demangled from their mangled names at first use:
-/// the runtime's demangler was ~9 % of the instructions of a `ferry sync` start-up (callgrind, up to the bus
-/// connect: 12.0 M → 11.1 M), and in the test bed's emulated CPU, where code run for the first time is costly, a
-/// window-20 sync of 3000 events took 1.99 → 1.91 s of CPU (means of 11 + 11 alternating syncs in one boot).
-/// The price is a little code size (+40 KB of 80 MB).
-let metadataAccessors: [SwiftSetting] = [
-    .unsafeFlags(["-Xfrontend", "-disable-concrete-type-metadata-mangled-name-accessors"]),
-]
-
 let package = Package(
     name: "Ferry",
     platforms: [.macOS(.v14)],
@@ -43,33 +34,27 @@ let package = Package(
 
         // The one way to do small shared things: JSON writer, civil time / RFC 3339, backoff, version, a locked value
         // and a wake-up for waiting loops. No C.
-        .target(name: "FerryCore", swiftSettings: metadataAccessors),
+        .target(name: "FerryCore"),
         // Pure protocol logic: frames, CRC, STREAM_INFO, the sync session state machine. No I/O, no C.
-        .target(name: "FerryProtocol", swiftSettings: metadataAccessors),
+        .target(name: "FerryProtocol"),
         // Durable store over SQLite: staged frames, transactional outbox, cursors.
-        .target(name: "FerryStore", dependencies: ["CSQLite", "CFutex", "FerryCore", "FerryProtocol"],
-            swiftSettings: metadataAccessors),
+        .target(name: "FerryStore", dependencies: ["CSQLite", "CFutex", "FerryCore", "FerryProtocol"]),
         // Outbox forwarder to the backend over HTTP(S).
-        .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"],
-            swiftSettings: metadataAccessors),
+        .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
         // libdbus bindings: connection, marshalling, signals.
-        .target(name: "FerryDBus", dependencies: ["FerryCore", "CDBus"], swiftSettings: metadataAccessors),
+        .target(name: "FerryDBus", dependencies: ["FerryCore", "CDBus"]),
         // BlueZ client over D-Bus: adapter, device, GATT.
-        .target(name: "FerryBlueZ", dependencies: ["FerryCore", "FerryDBus", "CBluetooth"],
-            swiftSettings: metadataAccessors),
+        .target(name: "FerryBlueZ", dependencies: ["FerryCore", "FerryDBus", "CBluetooth"]),
         // BLE-agnostic sync: the session runner over any SyncTransport, its typed end, the live session loop,
         // the scheduler, dump ingest. No BlueZ, D-Bus or HTTP: the simulator and `ferry ingest` need none.
-        .target(name: "FerrySync", dependencies: ["FerryCore", "FerryProtocol", "FerryStore"],
-            swiftSettings: metadataAccessors),
+        .target(name: "FerrySync", dependencies: ["FerryCore", "FerryProtocol", "FerryStore"]),
         // In-process simulated Sync peripheral (tests, demo, benchmarks).
-        .target(name: "FerrySimulator", dependencies: ["FerryProtocol", "FerrySync"], swiftSettings: metadataAccessors),
+        .target(name: "FerrySimulator", dependencies: ["FerryProtocol", "FerrySync"]),
         // BlueZ- and daemon-specific wiring: BlueZ transport, daemon, config, pairing, metrics.
-        .target(name: "FerryGateway", dependencies: ["FerryCore", "FerryProtocol", "FerryStore", "FerrySync", "FerryUplink", "FerryBlueZ"],
-            swiftSettings: metadataAccessors),
+        .target(name: "FerryGateway", dependencies: ["FerryCore", "FerryProtocol", "FerryStore", "FerrySync", "FerryUplink", "FerryBlueZ"]),
         // Command line: argument parsing and subcommands (library so tests can call it in-process).
-        .target(name: "FerryCLI", dependencies: ["FerryCore", "FerrySync", "FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"],
-            swiftSettings: metadataAccessors),
-        .executableTarget(name: "ferry", dependencies: ["FerryCLI"], swiftSettings: metadataAccessors),
+        .target(name: "FerryCLI", dependencies: ["FerryCore", "FerrySync", "FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"]),
+        .executableTarget(name: "ferry", dependencies: ["FerryCLI"]),
 
         // Test tools shared by test targets (libraries, since a test target cannot depend on another): a private
         // dbus-daemon per test, and a fake org.bluez on it.
