@@ -54,7 +54,13 @@ public enum LiveSessionDriver {
             thread.setTimer(after: max(0, deadline - clock.now()) + 0.001) { events.yield(.tick) }
         }
         rearm()
+        var droppedReported = 0
         batches: while let batch = await events.next() {
+            let dropped = events.droppedChunks
+            if dropped > droppedReported {
+                runner.queueDroppedData(chunks: dropped - droppedReported, budget: events.byteBudget)
+                droppedReported = dropped
+            }
             var chunks: [[UInt8]] = []
             for (position, event) in batch.enumerated() {
                 if runner.finished { break batches }

@@ -231,6 +231,16 @@ public final class SyncSessionRunner {
         finished = true
     }
 
+    /// The link's queue dropped `chunks` notifications: more than `budget` bytes of DATA were waiting for a session
+    /// blocked meanwhile. Nothing is lost (nothing dropped was acknowledged): the decoder sees a gap in the stream
+    /// and the session asks for those frames again.
+    public func queueDroppedData(chunks: Int, budget: Int) {
+        log.log(
+            .warning,
+            "dropped \(chunks) DATA notification(s): more than \(budget) bytes were queued while the session was "
+                + "blocked (a slow commit); they will be asked for again")
+    }
+
     /// Graceful shutdown: commit and acknowledge what is staged, then disconnect.
     public func stop() async {
         await execute(machine.stop(now: readClock()))

@@ -58,6 +58,55 @@ import Testing
         #expect(await waiting.value == nil)
     }
 
+    /// DATA waiting for a blocked loop is bounded: a chunk past the byte budget is dropped and counted; events
+    /// that are not DATA always get through, and the budget is free again once the loop took the queue.
+    @Test func dataPastTheByteBudgetIsDroppedAndCounted() async {
+        let events = LinkEvents(byteBudget: 10)
+        events.yield(.bytes([1, 1, 1, 1]))
+        events.yield(.bytes([2, 2, 2, 2]))
+        events.yield(.bytes([3, 3, 3, 3]))  // 12 bytes: over
+        events.yield(.bytes([4, 4]))  // exactly 10: fits
+        events.yield(.tick)
+        events.yield(.linkEnded)
+        #expect(events.droppedChunks == 1)
+        #expect(describe(await events.next()) == ["bytes[1, 1, 1, 1]", "bytes[2, 2, 2, 2]", "bytes[4, 4]", "tick", "linkEnded"])
+        events.yield(.bytes([5, 5, 5, 5, 5, 5, 5, 5, 5, 5]))
+        #expect(events.droppedChunks == 1)
+        #expect(describe(await events.next()) == ["bytes[5, 5, 5, 5, 5, 5, 5, 5, 5, 5]"])
+    }
+
+    /// A session whose queue overflowed while it was blocked stores what fit, acknowledges nothing past it, and
+    /// says what was dropped.
+    @Test func aSessionWhoseQueueOverflowedSaysSoAndAcknowledgesOnlyWhatItStored() async throws {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-budget-\(UUID().uuidString)")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let store = try GatewayStore(path: directory.appendingPathComponent("ferry.sqlite").path)
+        var configuration = SyncSession.Configuration()
+        configuration.window = 100
+        configuration.ackBatch = 20
+        let lines = SessionEndTests.Lines()
+        let runner = SyncSessionRunner(
+            peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: SessionThreadTests.QuietLink(),
+            configuration: configuration, log: lines)
+        let notifications = stride(from: UInt64(1), through: 51, by: 10).map { first in
+            (first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }
+        }
+        // Room for three of the six notifications: the loop has not run yet, as if blocked in a commit.
+        let events = LinkEvents(byteBudget: notifications[0].count * 3)
+        for notification in notifications { events.yield(.bytes(notification)) }
+        events.yield(.linkEnded)
+        #expect(events.droppedChunks == 3)
+        let thread = DatabaseThread(name: "test-session")
+        defer { thread.stop() }
+        await LiveSessionDriver.run(runner: runner, events: events, thread: thread)
+        #expect(runner.summary.framesStored == 30)
+        #expect(runner.acksSent.allSatisfy { $0 <= 30 })
+        #expect(runner.summary.end == .linkLost)
+        let warnings = lines.lines.withLock { $0 }.filter { $0.hasPrefix("warning") && $0.contains("dropped 3 DATA") }
+        #expect(warnings.count == 1)
+    }
+
     /// The size of each commit, in order.
     final class CommitSizes: SessionMetrics, @unchecked Sendable {
         private let lock = NSLock()
