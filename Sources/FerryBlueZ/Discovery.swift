@@ -229,9 +229,9 @@ public actor BlueZDiscovery {
         let cache = adapter.cache
         let adapterPath = adapter.path
         restartWatcher = Task { [weak self] in
-            let events = await cache.events { SessionLoss($0, adapterPath: adapterPath) != nil }
-            for await event in events {
-                guard let loss = SessionLoss(event, adapterPath: adapterPath), let self else { continue }
+            let losses = await cache.classifiedEvents { SessionLoss($0, adapterPath: adapterPath) }
+            for await loss in losses {
+                guard let self else { continue }
                 await self.restart(after: loss)
             }
         }

@@ -66,9 +66,10 @@ public actor BlueZObjectCache {
     private var nextID = 0
     private var pump: Task<Void, Never>?
 
+    /// One `events` stream, typed away: `offer` yields what the listener makes of an event (if anything).
     private struct Listener {
-        var wants: @Sendable (BlueZObjectEvent) -> Bool
-        var continuation: AsyncStream<BlueZObjectEvent>.Continuation
+        var offer: @Sendable (BlueZObjectEvent) -> Void
+        var finish: @Sendable () -> Void
     }
 
     private struct Waiter {
@@ -111,7 +112,7 @@ public actor BlueZObjectCache {
             waiter.continuation.resume(throwing: BlueZError(kind: .disconnected, message: "object cache stopped"))
         }
         waiters.removeAll()
-        for listener in listeners.values { listener.continuation.finish() }
+        for listener in listeners.values { listener.finish() }
         listeners.removeAll()
     }
 
@@ -130,10 +131,22 @@ public actor BlueZObjectCache {
     public func events(
         where wants: @escaping @Sendable (BlueZObjectEvent) -> Bool = { _ in true }
     ) -> AsyncStream<BlueZObjectEvent> {
-        let (stream, continuation) = AsyncStream<BlueZObjectEvent>.makeStream(bufferingPolicy: .unbounded)
+        classifiedEvents { wants($0) ? $0 : nil }
+    }
+
+    /// A stream of what `classify` makes of each change from now on, skipping the changes it returns nil for
+    /// (run here, as each signal is applied, like `events(where:)`'s filter).
+    public func classifiedEvents<Classified: Sendable>(
+        _ classify: @escaping @Sendable (BlueZObjectEvent) -> Classified?
+    ) -> AsyncStream<Classified> {
+        let (stream, continuation) = AsyncStream<Classified>.makeStream(bufferingPolicy: .unbounded)
         let id = nextID
         nextID += 1
-        listeners[id] = Listener(wants: wants, continuation: continuation)
+        listeners[id] = Listener(
+            offer: { event in
+                if let classified = classify(event) { continuation.yield(classified) }
+            },
+            finish: { continuation.finish() })
         continuation.onTermination = { [weak self] _ in
             Task { await self?.removeListener(id) }
         }
@@ -381,7 +394,7 @@ public actor BlueZObjectCache {
     }
 
     private func broadcast(_ event: BlueZObjectEvent) {
-        for listener in listeners.values where listener.wants(event) { listener.continuation.yield(event) }
+        for listener in listeners.values { listener.offer(event) }
     }
 
     private func settleWaiters() {
