@@ -58,6 +58,31 @@ import Testing
         #expect(await waiting.value == nil)
     }
 
+    /// A session with window 100 and an ACK every 20, its store in a directory of its own (`remove()`), and six
+    /// notifications of ten frames each (seq 1...60) for it.
+    struct QueuedSession {
+        let directory: URL
+        let runner: SyncSessionRunner
+        let notifications: [[UInt8]]
+
+        init(log: any LogSink = NullLogSink()) throws {
+            directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-queued-\(UUID().uuidString)")
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+            let store = try GatewayStore(path: directory.appendingPathComponent("ferry.sqlite").path)
+            var configuration = SyncSession.Configuration()
+            configuration.window = 100
+            configuration.ackBatch = 20
+            runner = SyncSessionRunner(
+                peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store,
+                transport: SessionThreadTests.QuietLink(), configuration: configuration, log: log)
+            notifications = stride(from: UInt64(1), through: 51, by: 10).map { first in
+                (first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }
+            }
+        }
+
+        func remove() { try? FileManager.default.removeItem(at: directory) }
+    }
+
     /// DATA waiting for a blocked loop is bounded: a chunk past the byte budget is dropped and counted; events
     /// that are not DATA always get through, and the budget is free again once the loop took the queue.
     @Test func dataPastTheByteBudgetIsDroppedAndCounted() async {
@@ -78,23 +103,13 @@ import Testing
     /// A session whose queue overflowed while it was blocked stores what fit, acknowledges nothing past it, and
     /// says what was dropped.
     @Test func aSessionWhoseQueueOverflowedSaysSoAndAcknowledgesOnlyWhatItStored() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-budget-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let store = try GatewayStore(path: directory.appendingPathComponent("ferry.sqlite").path)
-        var configuration = SyncSession.Configuration()
-        configuration.window = 100
-        configuration.ackBatch = 20
         let lines = SessionEndTests.Lines()
-        let runner = SyncSessionRunner(
-            peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: SessionThreadTests.QuietLink(),
-            configuration: configuration, log: lines)
-        let notifications = stride(from: UInt64(1), through: 51, by: 10).map { first in
-            (first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }
-        }
+        let session = try QueuedSession(log: lines)
+        defer { session.remove() }
+        let runner = session.runner
         // Room for three of the six notifications: the loop has not run yet, as if blocked in a commit.
-        let events = LinkEvents(byteBudget: notifications[0].count * 3)
-        for notification in notifications { events.yield(.bytes(notification)) }
+        let events = LinkEvents(byteBudget: session.notifications[0].count * 3)
+        for notification in session.notifications { events.yield(.bytes(notification)) }
         events.yield(.linkEnded)
         #expect(events.droppedChunks == 3)
         let thread = DatabaseThread(name: "test-session")
@@ -121,22 +136,13 @@ import Testing
     /// arrived behind it in one transaction: two commits, not three, and the peripheral still sees an ACK
     /// at every cadence boundary.
     @Test func framesQueuedBehindACommitAreCommittedAsOneGroup() async throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-batch-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
-        let store = try GatewayStore(path: directory.appendingPathComponent("ferry.sqlite").path)
-        var configuration = SyncSession.Configuration()
-        configuration.window = 100
-        configuration.ackBatch = 20
+        let session = try QueuedSession()
+        defer { session.remove() }
+        let runner = session.runner
         let commits = CommitSizes()
-        let runner = SyncSessionRunner(
-            peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: SessionThreadTests.QuietLink(),
-            configuration: configuration)
         runner.metrics = commits
         let events = LinkEvents()
-        for first in stride(from: UInt64(1), through: 51, by: 10) {
-            events.yield(.bytes((first..<(first + 10)).flatMap { Frame.data(seq: $0, payload: [UInt8($0)]).encoded() }))
-        }
+        for notification in session.notifications { events.yield(.bytes(notification)) }
         events.yield(.linkEnded)
         let thread = DatabaseThread(name: "test-session")
         defer { thread.stop() }
