@@ -9,6 +9,10 @@ public final class Wakeup: Sendable {
     private struct State {
         var signalled = false
         var waiter: CheckedContinuation<Void, Never>?
+        /// The waiter's timeout on the deadline thread (cancelled when something else ends the wait).
+        var timeout: DeadlineThread.Token?
+        /// Counts waits: a timeout that fires for an earlier wait finds another number and does nothing.
+        var wait: UInt64 = 0
     }
 
     private let state = LockedValue(State())
@@ -16,26 +20,39 @@ public final class Wakeup: Sendable {
     public init() {}
 
     public func signal() {
-        let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
+        endWait { s in
             s.signalled = true
-            defer { s.waiter = nil }
-            return s.waiter
+            return true
         }
-        waiter?.resume()
     }
 
     /// Returns when signalled (consuming the signal; true), after `timeout` (nil: none; false), or at once in a
     /// cancelled task. One waiter at a time: the loop that owns this wake-up.
+    ///
+    /// The timeout runs on `DeadlineThread`, not as a `Task.sleep`: see there why.
     @discardableResult
     public func wait(timeout: Duration?) async -> Bool {
         if consume() { return true }
         if timeout == .zero || Task.isCancelled { return false }
-        // The signal and the timer race in a task group; the loser is cancelled, so nothing outlives the wait.
-        await withTaskGroup(of: Void.self) { group in
-            group.addTask { await self.waitForSignal() }
-            if let timeout { group.addTask { try? await Task.sleep(for: timeout) } }
-            await group.next()
-            group.cancelAll()
+        await withTaskCancellationHandler {
+            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+                let now = state.withLock { s -> Bool in
+                    if s.signalled || Task.isCancelled { return true }
+                    s.waiter = continuation
+                    s.wait &+= 1
+                    if let timeout {
+                        // Scheduled under the lock, so a signal that follows at once finds the token to cancel.
+                        let wait = s.wait
+                        s.timeout = DeadlineThread.shared.schedule(after: timeout) { [weak self] in
+                            self?.endWait { $0.wait == wait }
+                        }
+                    }
+                    return false
+                }
+                if now { continuation.resume() }
+            }
+        } onCancel: {
+            endWait { _ in true }
         }
         return consume()
     }
@@ -47,22 +64,18 @@ public final class Wakeup: Sendable {
         }
     }
 
-    private func waitForSignal() async {
-        await withTaskCancellationHandler {
-            await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-                let now = state.withLock { s -> Bool in
-                    if s.signalled || Task.isCancelled { return true }
-                    s.waiter = continuation
-                    return false
-                }
-                if now { continuation.resume() }
+    /// Ends the current wait, if any, when `ending` (run under the lock, may change the state) says so: resumes
+    /// the waiter and cancels its timeout.
+    private func endWait(_ ending: (inout State) -> Bool) {
+        let (waiter, timeout) = state.withLock { s -> (CheckedContinuation<Void, Never>?, DeadlineThread.Token?) in
+            guard ending(&s) else { return (nil, nil) }
+            defer {
+                s.waiter = nil
+                s.timeout = nil
             }
-        } onCancel: {
-            let waiter = state.withLock { s -> CheckedContinuation<Void, Never>? in
-                defer { s.waiter = nil }
-                return s.waiter
-            }
-            waiter?.resume()
+            return (s.waiter, s.timeout)
         }
+        if let timeout { DeadlineThread.shared.cancel(timeout) }
+        waiter?.resume()
     }
 }

@@ -1,4 +1,5 @@
 import CFutex
+import FerryCore
 import Foundation
 
 #if canImport(Glibc)
@@ -54,16 +55,9 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         pthread_mutex_init(mutex, nil)
         wakeWord = .allocate(capacity: 1)
         wakeWord.initialize(to: 0)
-        // The kernel's name for the thread (top -H, /proc): Foundation's Thread.name does not reach it on Linux.
-        // Plain open/write: Foundation's String.write(toFile:) costs more than the thread's first commit.
-        let comm = Array(name.utf8.prefix(15))
         serialExecutor.thread = self
         let thread = Thread { [self] in
-            let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
-            if fd >= 0 {
-                _ = comm.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-                close(fd)
-            }
+            nameCurrentThread(name)
             run()
         }
         thread.name = name
