@@ -43,24 +43,22 @@ import Testing
         #expect(runs.all.map(\.label) == ["now"])
     }
 
-    /// A wait's timeout ends it (false) no earlier than asked; a signal after that is kept for the next wait,
-    /// and a timeout of an earlier wait does not end a later one.
-    @Test func aWakeupTimesOutThroughTheDeadlineThread() async {
+    /// A wait's timeout ends it (false) no earlier than asked; a wait ended by a signal leaves no timeout behind
+    /// to cut the next wait short. Lower bounds only, and timeouts long enough that a loaded machine's delays
+    /// cannot reorder them.
+    @Test func aWakeupTimesOutThroughTheDeadlineThread() async throws {
         let wakeup = Wakeup()
         let start = ContinuousClock.now
         #expect(await !wakeup.wait(timeout: .milliseconds(80)))
         #expect(ContinuousClock.now - start >= .milliseconds(80))
-        // Signalled before its 50 ms timeout: that timeout must not cut the next, longer wait short.
-        let early = Task {
-            try? await Task.sleep(for: .milliseconds(10))
-            wakeup.signal()
-        }
-        #expect(await wakeup.wait(timeout: .milliseconds(50)))
-        await early.value
-        let second = ContinuousClock.now
-        #expect(await !wakeup.wait(timeout: .milliseconds(300)))
-        #expect(ContinuousClock.now - second >= .milliseconds(300))
+        // Wait A (timeout 1 s) is ended by a signal; wait B (timeout 2 s) starts at once. A's timeout, were it
+        // still scheduled, would end B about 1 s early.
+        let a = Task { await wakeup.wait(timeout: .seconds(1)) }
+        try await Task.sleep(for: .milliseconds(50))
         wakeup.signal()
-        #expect(await wakeup.wait(timeout: .seconds(30)))
+        #expect(await a.value)
+        let b = ContinuousClock.now
+        #expect(await !wakeup.wait(timeout: .seconds(2)))
+        #expect(ContinuousClock.now - b >= .seconds(2))
     }
 }
