@@ -5,6 +5,10 @@ import FerryStore
 import Foundation
 import FerrySync
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// Ferry's metric names and what they mean (docs: Hardware/TROUBLESHOOTING.md, "Reading the metrics").
 public enum FerryMetric {
     public static let sessions = "ferry_sessions_total"
@@ -366,19 +370,37 @@ public struct LiveViewFile: Sendable {
         path = (databasePath as NSString).deletingLastPathComponent + "/ferry-live.json"
     }
 
+    /// Without an fsync (Foundation's `Data.write` does one): the daemon rewrites the view every 10 s for as long
+    /// as it runs, and a reader takes a missing, broken or old file for "not running", so durability buys nothing
+    /// here but months of SD-card writes.
     public func write(_ view: LiveView) throws {
-        let data = Data(view.json.text.utf8)
+        let bytes = Array(view.json.text.utf8)
         let temporary = path + ".tmp"
-        do {
-            try data.write(to: URL(fileURLWithPath: temporary))
-        } catch {
+        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o666)
+        guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        var written = 0
+        var failure: Int32?
+        while written < bytes.count {
+            let n = bytes[written...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+            if n > 0 {
+                written += n
+            } else if n < 0 && errno == EINTR {
+                continue
+            } else {
+                failure = n < 0 ? errno : EIO
+                break
+            }
+        }
+        if close(fd) != 0 && failure == nil { failure = errno }
+        if let failure {
             // A half-written file on a full disk would hold blocks the store needs to recover.
             unlink(temporary)
-            throw error
+            throw POSIXError(POSIXErrorCode(rawValue: failure) ?? .EIO)
         }
         guard rename(temporary, path) == 0 else {
+            let failure = errno
             unlink(temporary)
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path])
+            throw POSIXError(POSIXErrorCode(rawValue: failure) ?? .EIO)
         }
     }
 

@@ -218,6 +218,17 @@ final class FixedWallClock: WallClock {
         #expect(!FileManager.default.fileExists(atPath: file.path))
     }
 
+    /// A view that cannot be written (its directory is gone) is an error for the caller, and leaves nothing behind.
+    @Test func aLiveViewThatCannotBeWrittenThrowsAndLeavesNoFile() throws {
+        let dir = try TemporaryDirectory("live-missing")
+        defer { dir.remove() }
+        let file = LiveViewFile(path: dir.path("gone/ferry-live.json"))
+        let view = LiveView(pid: 1, updatedAt: 0, adapter: nil, slotsInUse: 0, maxConnections: 1, sessions: [])
+        #expect(throws: (any Error).self) { try file.write(view) }
+        #expect(!FileManager.default.fileExists(atPath: dir.path("gone/ferry-live.json.tmp")))
+        #expect(!FileManager.default.fileExists(atPath: file.path))
+    }
+
     @Test func listenAddressesAreLiteralsWithAPort() {
         #expect(ListenAddress("127.0.0.1:9464") == ListenAddress(host: "127.0.0.1", port: 9464))
         #expect(ListenAddress("127.0.0.1:9464")?.isLoopback == true)
