@@ -1,3 +1,5 @@
+import FerryCore
+
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -15,13 +17,7 @@ public final class StandardOutput: CommandOutput {
 
     /// Unbuffered writes straight to the descriptor: lines reach a pipe (journald, a test) in order at once.
     static func writeAll(_ fd: Int32, _ text: String) {
-        var bytes = Array(text.utf8)[...]
-        while !bytes.isEmpty {
-            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            if n < 0 && errno == EINTR { continue }
-            if n <= 0 { return }
-            bytes = bytes.dropFirst(n)
-        }
+        FerryCore.writeAll(fd, Array(text.utf8))
     }
 }
 

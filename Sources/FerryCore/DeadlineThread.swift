@@ -44,14 +44,12 @@ public final class DeadlineThread: @unchecked Sendable {
         pthread_condattr_destroy(&attributes)
     }
 
-    /// Runs `action` on the deadline thread once `delay` has passed. A delay that is not finite or absurdly far
-    /// (over ~11 days) waits that long, not forever and never a trap. `action` must be short: it delays the
+    /// Runs `action` on the deadline thread once `delay` has passed. A delay absurdly far (over ~11 days) waits
+    /// that long, not forever and never a trap. `action` must be short: it delays the
     /// ones due after it.
     @discardableResult
     public func schedule(after delay: Duration, _ action: @escaping @Sendable () -> Void) -> Token {
-        let seconds = Double(delay.components.seconds) + Double(delay.components.attoseconds) * 1e-18
-        let bounded = seconds.isNaN ? 1_000_000 : min(max(0, seconds), 1_000_000)
-        let deadline = Self.monotonicNanoseconds() + Int(bounded * 1e9)
+        let deadline = monotonicNanoseconds() + Int(min(max(0, delay.inSeconds), 1_000_000) * 1e9)
         pthread_mutex_lock(mutex)
         nextID &+= 1
         let id = nextID
@@ -82,7 +80,7 @@ public final class DeadlineThread: @unchecked Sendable {
                 pthread_cond_wait(condition, mutex)
                 continue
             }
-            if Self.monotonicNanoseconds() >= earliest.value.deadline {
+            if monotonicNanoseconds() >= earliest.value.deadline {
                 entries[earliest.key] = nil
                 pthread_mutex_unlock(mutex)
                 earliest.value.action()
@@ -95,12 +93,6 @@ public final class DeadlineThread: @unchecked Sendable {
             _ = pthread_cond_timedwait(condition, mutex, &until)
             sleepingUntil = nil
         }
-    }
-
-    private static func monotonicNanoseconds() -> Int {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
     }
 }
 

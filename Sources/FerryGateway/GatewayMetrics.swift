@@ -378,19 +378,7 @@ public struct LiveViewFile: Sendable {
         let temporary = path + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o666)
         guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-        var written = 0
-        var failure: Int32?
-        while written < bytes.count {
-            let n = bytes[written...].withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            if n > 0 {
-                written += n
-            } else if n < 0 && errno == EINTR {
-                continue
-            } else {
-                failure = n < 0 ? errno : EIO
-                break
-            }
-        }
+        var failure = writeAll(fd, bytes)
         if close(fd) != 0 && failure == nil { failure = errno }
         if let failure {
             // A half-written file on a full disk would hold blocks the store needs to recover.

@@ -129,7 +129,7 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         // Capped (about 11 days): a deadline that far out is "never" for a session, and the sum cannot overflow.
         // Not a number (a deadline computed from a broken clock) is "never" too, not a trap in Int().
         let deadline = delay.map { delay in
-            Self.monotonicNanoseconds() + Int((delay.isNaN ? 1_000_000 : min(max(0, delay), 1_000_000)) * 1e9)
+            monotonicNanoseconds() + Int((delay.isNaN ? 1_000_000 : min(max(0, delay), 1_000_000)) * 1e9)
         }
         pthread_mutex_lock(mutex)
         timerGeneration &+= 1
@@ -145,7 +145,7 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         while true {
             pthread_mutex_lock(mutex)
             var fired: (@Sendable () -> Void)?
-            if !jobs.isEmpty, let t = timer, Self.monotonicNanoseconds() >= t.deadline {
+            if !jobs.isEmpty, let t = timer, monotonicNanoseconds() >= t.deadline {
                 // Busy with jobs: a due timer still runs after this batch, not only once the queue runs dry.
                 fired = t.action
                 timer = nil
@@ -189,12 +189,6 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
             }
             fired?()
         }
-    }
-
-    private static func monotonicNanoseconds() -> Int {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
     }
 }
 
