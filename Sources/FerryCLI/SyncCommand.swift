@@ -81,7 +81,10 @@ enum SyncCommand {
         let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .warning)
         // Fails on a bad store before touching the radio; the session then takes this connection rather than
         // opening its own.
-        let store = StoreHandoff(try FerryCommandLine.openStore(dbPath, create: true))
+        let opened = try FerryCommandLine.openStore(dbPath, create: true)
+        // One process per sync: the next one writes over this one's WAL file instead of growing a new one.
+        opened.keepsWALOnClose = true
+        let store = StoreHandoff(opened)
 
         var settings = SyncSession.Configuration()
         settings.window = window

@@ -38,6 +38,9 @@ public struct CommitOutcome: Sendable, Equatable {
 public final class GatewayStore {
     public let database: Database
     let clock: any WallClock
+    /// Set by one-shot writers (`ferry sync`): on release, leave the WAL file for the next process to write over
+    /// (`keepWALForNextOpen`). Off by default: the daemon's connections close while others stay open.
+    public var keepsWALOnClose = false
 
     public static let pragmas = """
         PRAGMA journal_mode = WAL;
@@ -48,6 +51,10 @@ public final class GatewayStore {
     private init(opened database: Database, clock: any WallClock) {
         self.database = database
         self.clock = clock
+    }
+
+    deinit {
+        if keepsWALOnClose { keepWALForNextOpen() }
     }
 
     /// Opens or creates the store and migrates it to the latest schema. `create: false` refuses a missing file.

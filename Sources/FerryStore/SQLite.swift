@@ -61,6 +61,9 @@ public final class Database {
         self.path = path
     }
 
+    /// How long a statement waits for another connection's lock before SQLITE_BUSY, from `open` on.
+    public static let busyTimeoutMilliseconds: Int32 = 5_000
+
     /// Opens (and by default creates) the database file. The handle is closed again if anything fails.
     public static func open(path: String, readOnly: Bool = false, create: Bool = true) throws -> Database {
         _ = processConfigured
@@ -75,7 +78,7 @@ public final class Database {
             throw SQLiteError(code: rc, message: message)
         }
         let db = Database(handle: raw, path: path)  // from here on deinit closes it
-        sqlite3_busy_timeout(raw, 5_000)
+        sqlite3_busy_timeout(raw, busyTimeoutMilliseconds)
         return db
     }
 
@@ -116,6 +119,18 @@ public final class Database {
         let statement = try makeStatement(sql, ownedByCache: true)
         statementCache[sql] = statement
         return statement
+    }
+
+    /// How long a statement waits for another connection's lock before failing with SQLITE_BUSY.
+    public func setBusyTimeout(milliseconds: Int32) {
+        sqlite3_busy_timeout(handle, milliseconds)
+    }
+
+    /// SQLITE_FCNTL_PERSIST_WAL: whether the last connection to close keeps the WAL file instead of deleting it.
+    public func setPersistentWAL(_ persistent: Bool) throws {
+        var value: Int32 = persistent ? 1 : 0
+        let rc = sqlite3_file_control(handle, "main", SQLITE_FCNTL_PERSIST_WAL, &value)
+        guard rc == SQLITE_OK else { throw error(rc, sql: nil) }
     }
 
     public var changes: Int { Int(sqlite3_changes(handle)) }

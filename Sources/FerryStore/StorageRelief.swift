@@ -165,20 +165,33 @@ extension GatewayStore {
     /// it from finishing (the next call catches up).
     @discardableResult
     public func checkpointWAL(truncating: Bool) throws -> Bool {
-        try checkpoint(mode: truncating ? "TRUNCATE" : "RESTART")
+        try checkpoint(mode: truncating ? .truncate : .restart)
     }
 
     /// A PASSIVE checkpoint: copies what it can without waiting for or blocking anyone. On a full disk, run
     /// often, it keeps the WAL small (a writer starts again at its beginning once it is all copied), so the
     /// little room there is goes to the main file's growth instead of to a WAL that can no longer be copied.
     @discardableResult
-    public func checkpointWALPassively() throws -> Bool { try checkpoint(mode: "PASSIVE") }
+    public func checkpointWALPassively() throws -> Bool { try checkpoint(mode: .passive) }
 
-    private func checkpoint(mode: String) throws -> Bool {
+    private func checkpoint(mode: WALCheckpointMode) throws -> Bool {
+        try !walCheckpoint(mode).busy
+    }
+
+    enum WALCheckpointMode: String {
+        case passive = "PASSIVE"
+        case restart = "RESTART"
+        case truncate = "TRUNCATE"
+    }
+
+    /// `PRAGMA wal_checkpoint(mode)`'s row: blocked by a reader or writer (busy), frames in the WAL, frames copied.
+    func walCheckpoint(_ mode: WALCheckpointMode) throws -> (busy: Bool, frames: Int64, copied: Int64) {
         try store {
-            var busy = false
-            try database.prepare("PRAGMA wal_checkpoint(\(mode))").forEach { row in busy = row.int64(0) != 0 }
-            return !busy
+            var result: (busy: Bool, frames: Int64, copied: Int64) = (false, 0, 0)
+            try database.prepare("PRAGMA wal_checkpoint(\(mode.rawValue))").forEach { row in
+                result = (row.int64(0) != 0, row.int64(1), row.int64(2))
+            }
+            return result
         }
     }
 }

@@ -19,6 +19,8 @@ import Testing
         var json: [String: Any]
         var stdout: String
         var stderr: String
+        /// The store's WAL file was still there after the process exited.
+        var walKept = false
     }
 
     /// Runs `ferry sync --json` for the fake's device while answering each SYNC_REQ with DATA up to `head`.
@@ -89,7 +91,8 @@ import Testing
         let stdout = (try? String(contentsOf: out, encoding: .utf8)) ?? ""
         let stderr = (try? String(contentsOf: err, encoding: .utf8)) ?? ""
         let json = (try? JSONSerialization.jsonObject(with: Data(stdout.utf8))) as? [String: Any] ?? [:]
-        return (Run(status: status, json: json, stdout: stdout, stderr: stderr), fake)
+        let walKept = FileManager.default.fileExists(atPath: directory.appendingPathComponent("ferry.db-wal").path)
+        return (Run(status: status, json: json, stdout: stdout, stderr: stderr, walKept: walKept), fake)
     }
 
     @Test func aSyncToTheHeadPrintsItsJSONAndExitsZero() async throws {
@@ -130,6 +133,7 @@ import Testing
         #expect(acks.last?.bytes == Frame.syncAck(committed: 45).encoded())
         #expect(writes.last.map { $0.type == "request" && $0.bytes == Frame.syncAck(committed: 45).encoded() } == true)
         #expect(fake.calls.contains("Device1.Disconnect \(FakeBlueZ.devicePath)"))
+        #expect(run.walKept, "the next sync writes over this one's WAL file")
     }
 
     @Test func aSilentPeripheralIsNoResponseAndExitsNonZero() async throws {
