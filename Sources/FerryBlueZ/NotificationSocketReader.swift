@@ -37,7 +37,7 @@ final class NotificationSocketReader: Sendable {
         }
         // A notification carries at most MTU-3 bytes; read with room to spare so none is truncated.
         let capacity = max(mtu, 23) + 64
-        let thread = Thread {
+        let started = startThread(name: "ferry-notify") {
             var buffer = [UInt8](repeating: 0, count: capacity)
             var fds = [
                 pollfd(fd: fd.rawValue, events: Int16(POLLIN), revents: 0),
@@ -67,8 +67,10 @@ final class NotificationSocketReader: Sendable {
             emit(.ended)
             withExtendedLifetime(stopSignal) {}
         }
-        thread.name = "ferry-notify"
-        thread.start()
+        guard started else {
+            fd.close()  // unsubscribes, as the thread would have on its way out
+            throw BlueZError(kind: .other, message: "cannot start a thread to read the notification socket")
+        }
     }
 
     func stop() {

@@ -1,5 +1,3 @@
-import Foundation
-
 #if canImport(Glibc)
     import Glibc
 #endif
@@ -55,8 +53,9 @@ public final class DeadlineThread: @unchecked Sendable {
         let id = nextID
         entries[id] = (deadline, action)
         if !started {
-            started = true
-            Thread { [self] in run() }.start()
+            // Without its thread, no timeout fires (a waiting loop waits for its signal only); the next schedule
+            // tries again.
+            started = startThread(name: "ferry-deadlines") { [self] in run() }
         }
         // A thread asleep until an earlier deadline sees this one when it wakes: no need to wake it now.
         if sleepingUntil.map({ deadline < $0 }) ?? true { pthread_cond_signal(condition) }
@@ -73,7 +72,6 @@ public final class DeadlineThread: @unchecked Sendable {
     }
 
     private func run() {
-        nameCurrentThread("ferry-deadlines")
         pthread_mutex_lock(mutex)
         while true {
             guard let earliest = entries.min(by: { $0.value.deadline < $1.value.deadline }) else {
@@ -94,15 +92,4 @@ public final class DeadlineThread: @unchecked Sendable {
             sleepingUntil = nil
         }
     }
-}
-
-/// Names the calling thread as the kernel knows it (`top -H`, /proc; at most 15 bytes are kept): Foundation's
-/// `Thread.name` does not reach it on Linux. Plain open/write: Foundation's `String.write(toFile:)` costs more than
-/// a session thread's first commit.
-public func nameCurrentThread(_ name: String) {
-    let comm = Array(name.utf8.prefix(15))
-    let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
-    guard fd >= 0 else { return }
-    _ = comm.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-    _ = close(fd)
 }

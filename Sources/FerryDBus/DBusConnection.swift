@@ -1,4 +1,5 @@
 import CDBus
+import FerryCore
 import Foundation
 import Synchronization
 
@@ -37,7 +38,7 @@ public final class DBusConnection: Sendable {
     ) async throws -> DBusConnection {
         let mailbox = try BusMailbox()
         let uniqueName: String = try await withCheckedThrowingContinuation { continuation in
-            let thread = Thread {
+            let started = startThread(name: "ferry-dbus") {
                 var error = CDBus.DBusError()
                 dbus_error_init(&error)
                 defer { dbus_error_free(&error) }
@@ -62,8 +63,11 @@ public final class DBusConnection: Sendable {
                 continuation.resume(returning: name)
                 BusLoop(handle: handle, mailbox: mailbox, log: log).run()
             }
-            thread.name = "ferry-dbus"
-            thread.start()
+            if !started {
+                _ = mailbox.closeAndDrain()
+                continuation.resume(
+                    throwing: DBusError(name: DBusError.Name.failed, message: "cannot start the connection's thread"))
+            }
         }
         return DBusConnection(uniqueName: uniqueName, mailbox: mailbox, defaultCallTimeout: defaultCallTimeout)
     }

@@ -161,9 +161,11 @@ public final class MetricsHTTPServer: Sendable {
     /// Starts the accept thread.
     public func start() {
         guard !started.withLock({ s in defer { s = true }; return s }) else { return }
-        let thread = Thread { [self] in acceptLoop() }
-        thread.name = "ferry-metrics"
-        thread.start()
+        if !startThread(name: "ferry-metrics", { [self] in acceptLoop() }) {
+            close(listener)  // nothing will serve it: refuse connections rather than leave them hanging
+            close(stopPipe.read)
+            acceptEnded.withLock { $0 = true }
+        }
     }
 
     /// Stops accepting and closes the listening socket (connections in progress finish on their own, bounded
@@ -208,13 +210,15 @@ public final class MetricsHTTPServer: Sendable {
                 close(fd)
                 continue
             }
-            let thread = Thread { [self] in
+            let served = startThread(name: "ferry-metrics-conn") { [self] in
                 serve(fd)
                 close(fd)
                 active.withLock { $0 -= 1 }
             }
-            thread.name = "ferry-metrics-conn"
-            thread.start()
+            if !served {
+                close(fd)
+                active.withLock { $0 -= 1 }
+            }
         }
     }
 

@@ -93,9 +93,9 @@ public final class SystemdSupervision: Sendable {
     /// Starts the thread when `$NOTIFY_SOCKET` is set; otherwise does nothing.
     public func start() {
         guard notifier.isActive else { return }
-        let thread = Thread { [self] in loop() }
-        thread.name = "ferry-sd-notify"
-        thread.start()
+        if !startThread(name: "ferry-sd-notify", { [self] in loop() }) {
+            log.log(.error, "cannot start the systemd notification thread: no READY=1 or watchdog pings will be sent")
+        }
     }
 
     /// Tells systemd we are stopping and ends the thread.

@@ -56,12 +56,8 @@ public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
         wakeWord = .allocate(capacity: 1)
         wakeWord.initialize(to: 0)
         serialExecutor.thread = self
-        let thread = Thread { [self] in
-            nameCurrentThread(name)
-            run()
-        }
-        thread.name = name
-        thread.start()
+        // Without its thread, jobs go to the global executor as after `stop()`: blocking there, but never lost.
+        if !startThread(name: name, { [self] in run() }) { exited = true }
     }
 
     deinit {
