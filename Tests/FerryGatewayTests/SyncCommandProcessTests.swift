@@ -129,7 +129,9 @@ import Testing
         fake.pumpAcquiredWrites()
         let writes = fake.state.withLock { $0.writes }
         let acks = writes.filter { $0.type == "command" }
-        #expect(!acks.isEmpty && acks.allSatisfy { $0.viaSocket }, "\(writes.map { ($0.type, $0.viaSocket) })")
+        #expect(
+            !acks.isEmpty && acks.allSatisfy { $0.viaSocket },
+            "\(writes.map { ($0.type, $0.viaSocket) }); ferry's log: \(run.stderr)")
         #expect(acks.last?.bytes == Frame.syncAck(committed: 45).encoded())
         #expect(writes.last.map { $0.type == "request" && $0.bytes == Frame.syncAck(committed: 45).encoded() } == true)
         #expect(fake.calls.contains("Device1.Disconnect \(FakeBlueZ.devicePath)"))
