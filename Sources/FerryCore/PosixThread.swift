@@ -9,7 +9,7 @@
 /// Why not Foundation's `Thread`: in the test bed's emulated guest, the first `Thread` a process starts costs
 /// 15-20 ms of CPU (Foundation's thread machinery set up on first use) and each later one about 0.5-1.5 ms more
 /// than a plain pthread_create (measured there: ten threads started one after another, three runs each).
-/// `ferry sync` starts four threads of its own.
+/// `ferry sync` starts three or four of its own (bus loop, session, notification reader, maybe deadlines).
 @discardableResult
 public func startThread(name: String, stackSize: Int = 0, _ body: @escaping @Sendable () -> Void) -> Bool {
     final class Start {
