@@ -44,7 +44,7 @@ public func startThread(name: String, stackSize: Int = 0, _ body: @escaping @Sen
 
 /// Names the calling thread as the kernel knows it (`top -H`, /proc; at most 15 bytes are kept). Through /proc:
 /// Glibc's module does not show pthread_setname_np (a _GNU_SOURCE function), and prctl is variadic.
-public func nameCurrentThread(_ name: String) {
+private func nameCurrentThread(_ name: String) {
     let comm = Array(name.utf8.prefix(15))
     let fd = open("/proc/thread-self/comm", O_WRONLY | O_CLOEXEC)
     guard fd >= 0 else { return }
