@@ -68,7 +68,7 @@ enum BusCommand: Sendable {
     case send(OutgoingMessage)
     case subscribe(id: UInt64, [DBusMatchRule], AsyncStream<DBusSignal>.Continuation)
     case unsubscribe(id: UInt64)
-    case export(path: String, DBusMethodHandler)
+    case export(path: String, DBusMethodHandler, executor: (any TaskExecutor)?)
     case unexport(path: String)
     case close
 }
@@ -169,7 +169,7 @@ final class BusLoop {
     private var timeouts: [TimeoutEntry] = []
     private var calls: [UInt32: CallEntry] = [:]
     private var subscriptions: [UInt64: Subscription] = [:]
-    private var exports: [String: DBusMethodHandler] = [:]
+    private var exports: [String: (handler: DBusMethodHandler, executor: (any TaskExecutor)?)] = [:]
     /// Unique owners of the well-known names used as match-rule senders (e.g. org.bluez → ":1.7").
     private var owners: [String: String] = [:]
     private var trackedNames: Set<String> = []
@@ -358,8 +358,8 @@ final class BusLoop {
         case .unsubscribe(let id):
             subscriptions[id]?.continuation.finish()
             subscriptions[id] = nil
-        case .export(let path, let handler):
-            exports[path] = handler
+        case .export(let path, let handler, let executor):
+            exports[path] = (handler, executor)
         case .unexport(let path):
             exports[path] = nil
         case .close:
@@ -492,7 +492,7 @@ final class BusLoop {
 
     private func handleMethodCall(_ message: OpaquePointer) -> DBusHandlerResult {
         let path = string(dbus_message_get_path(message))
-        guard let handler = exports[path] else {
+        guard let (handler, executor) = exports[path] else {
             // libdbus answers UnknownMethod for calls no filter handled.
             return DBUS_HANDLER_RESULT_NOT_YET_HANDLED
         }
@@ -519,7 +519,7 @@ final class BusLoop {
             serial: serial)
         let mailbox = self.mailbox
         // The handler may await; run it off this thread and post the answer back as a command.
-        Task {
+        Task(executorPreference: executor) {
             let result = await handler(call)
             guard !noReply else { return }
             let kind: OutgoingMessage.Kind

@@ -180,10 +180,15 @@ public final class DBusConnection: Sendable {
     // MARK: Exported objects
 
     /// Answers method calls to `path` with `handler` (replacing any previous handler for it). Calls to
-    /// paths nobody exported get libdbus's standard UnknownMethod error.
-    public func export(path: String, handler: @escaping DBusMethodHandler) throws {
+    /// paths nobody exported get libdbus's standard UnknownMethod error. Each call runs in a task of its own, on
+    /// `executor` when one is given (an answer that must not wait for a busy cooperative pool), else on the pool.
+    public func export(
+        path: String, executor: (any TaskExecutor)? = nil, handler: @escaping DBusMethodHandler
+    ) throws {
         try Marshal.validatePath(path)
-        guard mailbox.post(.export(path: path, handler)) else { throw DBusError.disconnected("connection is closed") }
+        guard mailbox.post(.export(path: path, handler, executor: executor)) else {
+            throw DBusError.disconnected("connection is closed")
+        }
     }
 
     public func unexport(path: String) {

@@ -171,7 +171,9 @@ public final class FakeBlueZ: Sendable {
 
     public func addObject(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
         state.withLock { $0.tree[path, default: [:]].merge(interfaces) { _, new in new } }
-        try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
+        try connection.export(path: path, executor: FakeSideExecutor.shared) { [weak self] call in
+            await self?.handle(call) ?? .unknownMethod(call)
+        }
         try connection.emitSignal(
             path: "/", interface: BlueZInterface.objectManager, member: "InterfacesAdded",
             arguments: [.objectPath(path), Self.encode(interfaces)])
@@ -181,7 +183,9 @@ public final class FakeBlueZ: Sendable {
     /// bluetoothd whose main loop is too busy to run the idle callback that flushes its signals.
     public func addObjectUnannounced(_ path: String, _ interfaces: [String: [String: DBusValue]]) throws {
         state.withLock { $0.tree[path, default: [:]].merge(interfaces) { _, new in new } }
-        try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
+        try connection.export(path: path, executor: FakeSideExecutor.shared) { [weak self] call in
+            await self?.handle(call) ?? .unknownMethod(call)
+        }
     }
 
     public func removeObject(_ path: String) throws {
@@ -281,7 +285,9 @@ public final class FakeBlueZ: Sendable {
     private func exportAll() throws {
         let paths = state.withLock { Array($0.tree.keys) } + ["/", "/org/bluez"]
         for path in paths {
-            try connection.export(path: path) { [weak self] call in await self?.handle(call) ?? .unknownMethod(call) }
+            try connection.export(path: path, executor: FakeSideExecutor.shared) { [weak self] call in
+                await self?.handle(call) ?? .unknownMethod(call)
+            }
         }
     }
 
@@ -412,7 +418,7 @@ public final class FakeBlueZ: Sendable {
         case (BlueZInterface.gattCharacteristic, "AcquireNotify"):
             if let error = state.withLock({ $0.acquireNotifyError }) { return .error(error) }
             var pair: [Int32] = [-1, -1]
-            guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else {
+            guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else {
                 return fail("org.bluez.Error.Failed", "socketpair failed")
             }
             state.withLock { $0.notifyPeer = pair[1] }
@@ -422,7 +428,7 @@ public final class FakeBlueZ: Sendable {
         case (BlueZInterface.gattCharacteristic, "AcquireWrite"):
             if let refusal = writeAcquiredRefusal() { return .error(refusal) }
             var pair: [Int32] = [-1, -1]
-            guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0 else {
+            guard socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else {
                 return fail("org.bluez.Error.Failed", "socketpair failed")
             }
             _ = fcntl(pair[1], F_SETFL, fcntl(pair[1], F_GETFL) | O_NONBLOCK)

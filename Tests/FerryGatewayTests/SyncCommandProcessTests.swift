@@ -45,7 +45,7 @@ import Testing
         defer { try? FileManager.default.removeItem(at: directory) }
 
         // The peripheral: every SYNC_REQ written is answered with the window's frames, one per notification.
-        let peripheral = Task {
+        let peripheral = Task(executorPreference: FakeSideExecutor.shared) {
             var answered: Set<Int> = []
             while !Task.isCancelled {
                 fake.pumpAcquiredWrites()  // the SYNC_ACKs sent on CONTROL's write socket

@@ -1,5 +1,6 @@
 import Foundation
 import FerryDBus
+import FerryCore
 
 #if canImport(Glibc)
     import Glibc
@@ -126,7 +127,45 @@ public func first<T: Sendable>(
 /// lives in this test process and answers on the cooperative pool, which a blocked test must not occupy (two
 /// suites blocking both pool threads of a 2-core machine starve the fakes, and the subprocess's calls time out).
 public func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) async throws -> T {
-    try await withCheckedThrowingContinuation { continuation in
-        Thread { continuation.resume(with: Result { try body() }) }.start()
+    try await runOnOwnThread(name: "test-blocking") { Result { try body() } }.get()
+}
+
+/// A task executor with one thread of its own, for the fakes' side of a test (the fake org.bluez's method calls,
+/// a test's emulated peripheral): tasks preferring it run there, so the fakes answer in time while CPU-bound
+/// suites keep the cooperative pool busy (two threads on a 2-core machine). Jobs run one at a time; none of them
+/// may block. The thread lives as long as the process: one is shared by every fake (`shared`).
+public final class FakeSideExecutor: TaskExecutor, @unchecked Sendable {
+    public static let shared = FakeSideExecutor(name: "fake-side")
+
+    private let condition = NSCondition()
+    private var jobs: [UnownedJob] = []
+    private var started = false
+
+    private init(name: String) {
+        started = startThread(name: name) { [self] in run() }
+    }
+
+    public func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        guard started else {
+            // No thread to be had: the job still runs, on the cooperative pool as before.
+            Task.detached { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+            return
+        }
+        condition.lock()
+        jobs.append(job)
+        condition.signal()
+        condition.unlock()
+    }
+
+    private func run() {
+        while true {
+            condition.lock()
+            while jobs.isEmpty { condition.wait() }
+            let batch = jobs
+            jobs.removeAll()
+            condition.unlock()
+            for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
+        }
     }
 }
