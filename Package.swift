@@ -77,7 +77,7 @@ let package = Package(
                 "FerryTestBus", "FerryFakeBlueZ",
             ]),
         .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
-        .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore"]),
+        .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore", "FerryTestBus"]),
     ],
     swiftLanguageModes: [.v6]
 )

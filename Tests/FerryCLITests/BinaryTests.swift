@@ -1,4 +1,5 @@
 import FerryStore
+import FerryTestBus
 import Foundation
 import Testing
 
@@ -19,16 +20,23 @@ import Testing
         return candidate
     }
 
-    struct Finished {
+    struct Finished: Sendable {
         var status: Int32
         var signaled: Bool
         var stdout: String
         var stderr: String
     }
 
-    static func run(_ arguments: [String], stdin: [UInt8]? = nil) throws -> Finished {
+    /// Waited for on a thread of its own: a test holding a cooperative-pool thread while a subprocess runs starves
+    /// the suites that answer from the pool (the fake org.bluez), see `blocking`.
+    static func run(_ arguments: [String], stdin: [UInt8]? = nil) async throws -> Finished {
+        let executable = try executable()
+        return try await blocking { try runWaiting(executable, arguments, stdin: stdin) }
+    }
+
+    private static func runWaiting(_ executable: URL, _ arguments: [String], stdin: [UInt8]?) throws -> Finished {
         let process = Process()
-        process.executableURL = try executable()
+        process.executableURL = executable
         process.arguments = arguments
         let input = Pipe()
         let output = Pipe()
@@ -52,46 +60,50 @@ import Testing
 
     /// libcurl is loaded at the uplink's first request, not at every start: linked, it brought ~30 libraries the
     /// dynamic loader relocated before any command ran (half of ferry's start-up instructions).
-    @Test func startingLoadsNoCurlOrItsTLSStack() throws {
-        let process = Process()
-        process.executableURL = try Self.executable()
-        process.arguments = ["--version"]
-        // The dynamic loader lists every library it would load, then exits (what ldd does).
-        process.environment = ["LD_TRACE_LOADED_OBJECTS": "1"]
-        let output = Pipe()
-        process.standardOutput = output
-        try process.run()
-        let listed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
+    @Test func startingLoadsNoCurlOrItsTLSStack() async throws {
+        let executable = try Self.executable()
+        let listed = try await blocking { () throws -> String in
+            let process = Process()
+            process.executableURL = executable
+            process.arguments = ["--version"]
+            // The dynamic loader lists every library it would load, then exits (what ldd does).
+            process.environment = ["LD_TRACE_LOADED_OBJECTS": "1"]
+            let output = Pipe()
+            process.standardOutput = output
+            try process.run()
+            let listed = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            process.waitUntilExit()
+            return listed
+        }
         #expect(listed.contains("libsqlite3"), "the listing is the loader's: \(listed)")
         #expect(!listed.contains("libcurl"), "\(listed)")
         #expect(!listed.contains("libssl") && !listed.contains("libgnutls"), "\(listed)")
     }
 
-    @Test func ingestReadsStandardInputAndPrintsJSONToStandardOutput() throws {
+    @Test func ingestReadsStandardInputAndPrintsJSONToStandardOutput() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")
         let bytes = Wire.capture(1...25) + [0xA5, 0x00, 0x13] + Wire.capture(26...30) + Array(Wire.dataFrame(31).prefix(5))
-        let result = try Self.run(["ingest", "--db", db, "--peripheral", peripheral, "--json", "-"], stdin: bytes)
+        let result = try await Self.run(["ingest", "--db", db, "--peripheral", peripheral, "--json", "-"], stdin: bytes)
         #expect(result.status == 0)
         #expect(result.stdout == #"{"frames":30,"stored":30,"duplicates":0,"gaps":0,"corrupt":2,"cursor":"30"}"# + "\n")
         #expect(result.stderr == "ferry: warning: 5 bytes of an incomplete frame at the end of - were not stored\n")
         #expect(try StoreProbe(db).seqs() == Array(1...30))
     }
 
-    @Test func exitStatusesOfTheBinary() throws {
+    @Test func exitStatusesOfTheBinary() async throws {
         let dir = try TemporaryDirectory()
-        let usage = try Self.run(["ingest", "--db", dir.file("x.sqlite"), "--peripheral", "nope", "-"])
+        let usage = try await Self.run(["ingest", "--db", dir.file("x.sqlite"), "--peripheral", "nope", "-"])
         #expect(usage.status == 2)
         #expect(usage.stdout.isEmpty)
         #expect(usage.stderr.hasPrefix("ferry: --peripheral 'nope'"))
         #expect(usage.stderr.filter { $0 == "\n" }.count == 1)
 
-        let failure = try Self.run(["status", "--db", dir.file("missing.sqlite")])
+        let failure = try await Self.run(["status", "--db", dir.file("missing.sqlite")])
         #expect(failure.status == 1)
         #expect(failure.stderr == "ferry: no database at \(dir.file("missing.sqlite"))\n")
 
-        let help = try Self.run(["ingest", "--help"])
+        let help = try await Self.run(["ingest", "--help"])
         #expect(help.status == 0)
         #expect(help.stdout.hasPrefix("Usage: ferry ingest"))
         #expect(try dir.entries().isEmpty)
@@ -99,7 +111,7 @@ import Testing
 
     /// kill -9 a `ferry ingest` while it is committing windows, then reopen: the file is intact, the cursor is
     /// exactly the last stored seq, the frames are exactly 1...cursor, and a second ingest carries on from it.
-    @Test func killedMidIngestLosesNothingCommitted() throws {
+    @Test func killedMidIngestLosesNothingCommitted() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")
         let total: UInt64 = 50_000  // far more than gets committed before the kill
@@ -113,15 +125,19 @@ import Testing
         process.standardError = FileHandle.nullDevice
         try process.run()
 
-        // Watch the cursor from a second, read-only connection (WAL readers never block the writer).
-        var seen: UInt64 = 0
-        let deadline = Date().addingTimeInterval(30)
-        while seen < 400 && process.isRunning && Date() < deadline {
-            if let probe = try? StoreProbe(db), let cursor = try? probe.cursor() { seen = cursor }
-            usleep(1_000)
+        // Watch the cursor from a second, read-only connection (WAL readers never block the writer), on a thread
+        // of its own: the kill must land while the ingest runs, whatever the cooperative pool is busy with.
+        let seen = try await blocking { () -> UInt64 in
+            var seen: UInt64 = 0
+            let deadline = Date().addingTimeInterval(30)
+            while seen < 400 && process.isRunning && Date() < deadline {
+                if let probe = try? StoreProbe(db), let cursor = try? probe.cursor() { seen = cursor }
+                usleep(1_000)
+            }
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+            return seen
         }
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
         #expect(process.terminationReason == .uncaughtSignal, "ingest finished before it could be killed")
         #expect(seen >= 400)
 

@@ -10,8 +10,8 @@ import Testing
 /// Commands that go to the bus run as the real binary: in-process they would block a thread of the test
 /// runner's small cooperative pool on their async work (a deadlock on a 2-core machine).
 @Suite struct PairingCommandTests {
-    func binary(_ arguments: String...) throws -> CommandResult {
-        let finished = try BinaryTests.run(arguments)
+    func binary(_ arguments: String...) async throws -> CommandResult {
+        let finished = try await BinaryTests.run(arguments)
         func lines(_ text: String) -> [String] { text.split(separator: "\n").map(String.init) }
         return CommandResult(status: finished.status, stdout: lines(finished.stdout), stderr: lines(finished.stderr))
     }
@@ -31,17 +31,17 @@ import Testing
         #expect(try dir.entries().isEmpty, "a usage error creates no store")
     }
 
-    @Test func pairWithoutBluetoothdFailsWithOneLineAndRecordsNothing() throws {
+    @Test func pairWithoutBluetoothdFailsWithOneLineAndRecordsNothing() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")
-        let result = try binary("pair", "--address", peripheral, "--db", db, "--bus", deadBus, "--timeout", "10")
+        let result = try await binary("pair", "--address", peripheral, "--db", db, "--bus", deadBus, "--timeout", "10")
         #expect(result.status == 1)
         #expect(result.stderr.count == 1)
         #expect(result.stderr.first?.contains("cannot reach bluetoothd") == true)
         #expect(try GatewayStore(path: db).trustedPeripherals().isEmpty)
     }
 
-    @Test func peripheralsListsTrustedOnesWithCursorBacklogAndUnknownBond() throws {
+    @Test func peripheralsListsTrustedOnesWithCursorBacklogAndUnknownBond() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")
         let address = PeripheralAddress(peripheral)!
@@ -58,7 +58,7 @@ import Testing
             try store.recordSyncState(
                 PeripheralSyncState(peripheral: address, lastSyncAt: 1_796_000_100_000, lastResult: "shutdown", epoch: 7, head: 45))
         }
-        let result = try binary("peripherals", "--db", db, "--bus", deadBus, "--json")
+        let result = try await binary("peripherals", "--db", db, "--bus", deadBus, "--json")
         #expect(result.status == 0)
         let json = try result.json()
         let list = try #require(json["peripherals"] as? [[String: Any]])
@@ -79,7 +79,7 @@ import Testing
         #expect(p["head"] as? String == "45")
         #expect(p["backlog"] as? String == "15")
 
-        let table = try binary("peripherals", "--db", db, "--bus", deadBus)
+        let table = try await binary("peripherals", "--db", db, "--bus", deadBus)
         #expect(table.status == 0)
         #expect(table.stdout.count == 2)
         #expect(table.stdout[1].hasPrefix(peripheral))
@@ -87,23 +87,23 @@ import Testing
         #expect(table.stderr.joined().contains("bond state unknown"))
     }
 
-    @Test func peripheralsOnAnEmptyRegistrySaysHowToPair() throws {
+    @Test func peripheralsOnAnEmptyRegistrySaysHowToPair() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")
         _ = try GatewayStore(path: db)
-        let result = try binary("peripherals", "--db", db, "--bus", deadBus)
+        let result = try await binary("peripherals", "--db", db, "--bus", deadBus)
         #expect(result.status == 0)
         #expect(result.stdout.first?.contains("ferry pair --address") == true)
-        #expect(try binary("peripherals", "--db", dir.file("missing.sqlite")).status == 1)
+        #expect(try await binary("peripherals", "--db", dir.file("missing.sqlite")).status == 1)
     }
 
-    @Test func unpairWithoutBluetoothdKeepsTheTrustRecord() throws {
+    @Test func unpairWithoutBluetoothdKeepsTheTrustRecord() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")
         let address = PeripheralAddress(peripheral)!
         try GatewayStore(path: db).trust(
             TrustedPeripheral(address: address, addressType: "public", name: nil, pairingMethod: .justWorks, pairedAt: 1))
-        let result = try binary("unpair", peripheral, "--db", db, "--bus", deadBus)
+        let result = try await binary("unpair", peripheral, "--db", db, "--bus", deadBus)
         #expect(result.status == 1)
         #expect(result.stderr.first?.contains("cannot reach bluetoothd") == true)
         // BlueZ would still hold the bond: forgetting only one side would leave them out of step.

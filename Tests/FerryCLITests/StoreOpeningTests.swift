@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import FerryStore
+import FerryTestBus
 
 #if canImport(Glibc)
     import Glibc
@@ -56,30 +57,30 @@ import Testing
         #expect(try store.streams().map(\.cursor) == [5, 5], "\(round)")
     }
 
-    @Test func twoProcessesCreatingANewStoreAtOnceFiftyTimes() throws {
+    @Test func twoProcessesCreatingANewStoreAtOnceFiftyTimes() async throws {
         let dir = try TemporaryDirectory()
         let capture = try dir.write(Wire.capture(1...5), to: "capture.bin")
         for round in 1...50 {
             let db = dir.file("new-\(round).sqlite")
-            try Self.checkBothStored(db, results: try Self.twoIngestsAtOnce(db: db, capture: capture), round: "round \(round)")
+            try Self.checkBothStored(db, results: try await blocking { try Self.twoIngestsAtOnce(db: db, capture: capture) }, round: "round \(round)")
         }
     }
 
     @Test(arguments: Array(1..<Schema.latestVersion))
-    func twoProcessesMigratingAnOldStoreAtOnceFiftyTimes(version: Int64) throws {
+    func twoProcessesMigratingAnOldStoreAtOnceFiftyTimes(version: Int64) async throws {
         let dir = try TemporaryDirectory()
         let capture = try dir.write(Wire.capture(1...5), to: "capture.bin")
         for round in 1...50 {
             let db = dir.file("v\(version)-\(round).sqlite")
             try Self.makeStore(at: db, version: version)
             try Self.checkBothStored(
-                db, results: try Self.twoIngestsAtOnce(db: db, capture: capture), round: "v\(version) round \(round)")
+                db, results: try await blocking { try Self.twoIngestsAtOnce(db: db, capture: capture) }, round: "v\(version) round \(round)")
         }
     }
 
     static func fileBytes(_ path: String) throws -> Data { try Data(contentsOf: URL(fileURLWithPath: path)) }
 
-    @Test func lookingCommandsDoNotMigrateAnOldStore() throws {
+    @Test func lookingCommandsDoNotMigrateAnOldStore() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("old.sqlite")
         try Self.makeStore(at: db, version: Schema.latestVersion - 1)
@@ -87,7 +88,7 @@ import Testing
         try Database.open(path: db).execute("PRAGMA wal_checkpoint(TRUNCATE)")
         let before = try Self.fileBytes(db)
         for command in [["status"], ["peripherals"], ["outbox", "list"]] {
-            let result = try BinaryTests.run(command + ["--db", db])
+            let result = try await BinaryTests.run(command + ["--db", db])
             #expect(result.status == 1, "\(command)")
             #expect(
                 result.stderr == "ferry: \(db) has schema version \(Schema.latestVersion - 1), this ferry uses "
@@ -98,17 +99,17 @@ import Testing
         #expect(try Database.open(path: db, readOnly: true).integer("PRAGMA user_version") == Schema.latestVersion - 1)
     }
 
-    @Test func lookingCommandsReadALatestStoreWithoutWritingIt() throws {
+    @Test func lookingCommandsReadALatestStoreWithoutWritingIt() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("current.sqlite")
         let capture = try dir.write(Wire.capture(1...5), to: "capture.bin")
-        #expect(try BinaryTests.run(["ingest", "--db", db, "--peripheral", peripheral, capture]).status == 0)
+        #expect(try await BinaryTests.run(["ingest", "--db", db, "--peripheral", peripheral, capture]).status == 0)
         try Database.open(path: db).execute("PRAGMA wal_checkpoint(TRUNCATE)")
         let before = try Self.fileBytes(db)
-        let status = try BinaryTests.run(["status", "--db", db, "--json"])
+        let status = try await BinaryTests.run(["status", "--db", db, "--json"])
         #expect(status.status == 0 && status.stdout.contains(#""cursor":"5""#), "\(status.stderr)")
-        #expect(try BinaryTests.run(["outbox", "list", "--db", db]).status == 0)
-        #expect(try BinaryTests.run(["peripherals", "--db", db]).status == 0)
+        #expect(try await BinaryTests.run(["outbox", "list", "--db", db]).status == 0)
+        #expect(try await BinaryTests.run(["peripherals", "--db", db]).status == 0)
         #expect(try Self.fileBytes(db) == before)
         // And a read-only handle refuses writes outright.
         let store = try GatewayStore.openReadOnly(path: db)
@@ -116,10 +117,10 @@ import Testing
         #expect(error?.resultCode == .readonly)
     }
 
-    @Test func lookingCommandsOnAMissingStoreSaySoAndCreateNothing() throws {
+    @Test func lookingCommandsOnAMissingStoreSaySoAndCreateNothing() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("absent.sqlite")
-        let result = try BinaryTests.run(["status", "--db", db])
+        let result = try await BinaryTests.run(["status", "--db", db])
         #expect(result.status == 1)
         #expect(result.stderr == "ferry: no database at \(db)\n")
         #expect(try dir.entries().isEmpty)
@@ -127,13 +128,13 @@ import Testing
 
     /// A store damaged in the middle (a torn write on an SD card): `ferry run` refuses to start, in one line that
     /// names the file, the first problem and the next step, before it touches the radio (the bus is unreachable).
-    @Test func runRefusesADamagedStoreWithTheNextStep() throws {
+    @Test func runRefusesADamagedStoreWithTheNextStep() async throws {
         let dir = try TemporaryDirectory()
         let state = dir.file("state")
         try FileManager.default.createDirectory(atPath: state, withIntermediateDirectories: false, attributes: [.posixPermissions: 0o700])
         let db = state + "/ferry.sqlite"
         let capture = try dir.write(Wire.capture(1...3000, payloadSize: 100), to: "capture.bin")
-        #expect(try BinaryTests.run(["ingest", "--db", db, "--peripheral", peripheral, capture]).status == 0)
+        #expect(try await BinaryTests.run(["ingest", "--db", db, "--peripheral", peripheral, capture]).status == 0)
         try Database.open(path: db).execute("PRAGMA wal_checkpoint(TRUNCATE)")
         let pages = try Database.open(path: db).integer("PRAGMA page_count") ?? 0
         try #require(pages > 40)
@@ -144,7 +145,7 @@ import Testing
         try handle.close()
         let config = try dir.write(Array(#"{"state_dir": "\#(state)", "require_bond": false}"#.utf8), to: "ferry.json")
 
-        let result = try BinaryTests.run(["run", "--config", config, "--bus", "unix:path=\(dir.file("no-bus"))"])
+        let result = try await BinaryTests.run(["run", "--config", config, "--bus", "unix:path=\(dir.file("no-bus"))"])
         #expect(result.status == 1)
         let lines = result.stderr.split(separator: "\n")
         #expect(lines.count == 1, "\(result.stderr)")
