@@ -52,7 +52,7 @@ enum DemoCommand {
             }
             capture += bytes
         }
-        let fd = open(capturePath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        let fd = open(capturePath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { throw CommandFailure("cannot write \(capturePath): \(String(cString: strerror(errno)))") }
         let written = capture.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
         close(fd)

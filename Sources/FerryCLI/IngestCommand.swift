@@ -47,7 +47,7 @@ enum IngestCommand {
         let source = args.positionals[0]
 
         // Open the input before the database: a bad input must not leave a fresh empty store behind.
-        let fd: Int32 = source == "-" ? 0 : open(source, O_RDONLY)
+        let fd: Int32 = source == "-" ? 0 : open(source, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             throw CommandFailure("cannot read capture \(source): \(String(cString: strerror(errno)))")
         }

@@ -146,7 +146,7 @@ import FerryFakeBlueZ
         // so the fake's holder lets go right after).
         fake.state.withLock { $0.writeReleaseLag = 1 }
         var pair: [Int32] = [-1, -1]
-        #expect(socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue), 0, &pair) == 0)
+        #expect(socketpair(AF_UNIX, Int32(SOCK_SEQPACKET.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0)
         fake.state.withLock { $0.writePeer = pair[1] }
         close(pair[0])  // its holder is gone; bluetoothd notices late (the lag): the AcquireWrite is refused
         let ack = Frame.syncAck(committed: 20).encoded()
