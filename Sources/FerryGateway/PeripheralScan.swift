@@ -94,6 +94,8 @@ public enum PeripheralScan {
                 let late = inRange(objects, adapterPath: adapter.path, heard: heardNow(objects))
                 found += late.filter { peripheral in !found.contains { $0.address == peripheral.address } }
             }
+            // The progress line ends at what the scan returns, including what only the last read of the tree showed.
+            progress(found.count, 0)
         } catch {
             await lease.release()
             throw error
