@@ -29,8 +29,9 @@ let package = Package(
         .systemLibrary(
             name: "CBluetooth", path: "Sources/CBluetooth",
             providers: [.apt(["libbluetooth-dev"])]),
-        // The kernel's futex (Linux headers only, nothing linked): DatabaseThread's sleep and wake.
-        .systemLibrary(name: "CFutex", path: "Sources/CFutex"),
+        // System calls Swift cannot make (variadic syscall/prctl; Linux headers only, nothing linked): the futex of
+        // DatabaseThread's sleep and wake, and the process's opt-out of transparent huge pages.
+        .systemLibrary(name: "CSyscall", path: "Sources/CSyscall"),
 
         // The one way to do small shared things: JSON writer, civil time / RFC 3339, backoff, version, a locked value
         // and a wake-up for waiting loops. No C.
@@ -38,7 +39,7 @@ let package = Package(
         // Pure protocol logic: frames, CRC, STREAM_INFO, the sync session state machine. No I/O, no C.
         .target(name: "FerryProtocol"),
         // Durable store over SQLite: staged frames, transactional outbox, cursors.
-        .target(name: "FerryStore", dependencies: ["CSQLite", "CFutex", "FerryCore", "FerryProtocol"]),
+        .target(name: "FerryStore", dependencies: ["CSQLite", "CSyscall", "FerryCore", "FerryProtocol"]),
         // Outbox forwarder to the backend over HTTP(S).
         .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
         // libdbus bindings: connection, marshalling, signals.
@@ -54,7 +55,7 @@ let package = Package(
         .target(name: "FerryGateway", dependencies: ["FerryCore", "FerryProtocol", "FerryStore", "FerrySync", "FerryUplink", "FerryBlueZ"]),
         // Command line: argument parsing and subcommands (library so tests can call it in-process).
         .target(name: "FerryCLI", dependencies: ["FerryCore", "FerrySync", "FerryGateway", "FerryStore", "FerryUplink", "FerryProtocol", "FerrySimulator", "FerryBlueZ", "FerryDBus"]),
-        .executableTarget(name: "ferry", dependencies: ["FerryCLI"]),
+        .executableTarget(name: "ferry", dependencies: ["FerryCLI", "CSyscall"]),
 
         // Test tools shared by test targets (libraries, since a test target cannot depend on another): a private
         // dbus-daemon per test, and a fake org.bluez on it.

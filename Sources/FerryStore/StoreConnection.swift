@@ -1,4 +1,4 @@
-import CFutex
+import CSyscall
 import FerryCore
 import Foundation
 
@@ -23,7 +23,7 @@ import Foundation
 public final class DatabaseThread: TaskExecutor, @unchecked Sendable {
     // Guarded by `mutex` (pthread, not Synchronization.Mutex: ThreadSanitizer sees these handoffs).
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    /// The thread sleeps on this futex word (not a condition variable: see CFutex). Changed only under `mutex`,
+    /// The thread sleeps on this futex word (not a condition variable: see CSyscall). Changed only under `mutex`,
     /// by whoever wakes the thread; the kernel compares it as the thread goes to sleep, so a wake between the
     /// unlock and the sleep is not lost.
     private let wakeWord: UnsafeMutablePointer<UInt32>

@@ -80,6 +80,45 @@ import Testing
         #expect(!listed.contains("libssl") && !listed.contains("libgnutls"), "\(listed)")
     }
 
+    /// A process opted out of transparent huge pages says so in its status (Linux 5.0+): the first touch of each
+    /// thread's stack would otherwise cost a zeroed 2 MiB page where the kernel's setting is "always".
+    @Test func theProcessOptsOutOfTransparentHugePages() async throws {
+        let dir = try TemporaryDirectory()
+        let executable = try Self.executable()
+        let db = dir.file("ferry.sqlite")
+        let line = try await blocking { () throws -> String? in
+            let process = Process()
+            process.executableURL = executable
+            // Waits on its standard input, which stays open until the status is read.
+            process.arguments = ["ingest", "--db", db, "--peripheral", peripheral, "-"]
+            let input = Pipe()
+            process.standardInput = input
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            defer {
+                try? input.fileHandleForWriting.close()
+                process.waitUntilExit()
+            }
+            let deadline = Date().addingTimeInterval(10)
+            while Date() < deadline {
+                // Read once ferry runs (it has created the store), not in the child before its exec.
+                guard FileManager.default.fileExists(atPath: db) else {
+                    usleep(10_000)
+                    continue
+                }
+                let status = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8)) ?? ""
+                if let line = status.split(separator: "\n").first(where: { $0.hasPrefix("THP_enabled:") }) {
+                    return String(line)
+                }
+                usleep(10_000)
+            }
+            return nil
+        }
+        let reported = try #require(line, "no THP_enabled line in /proc/PID/status (a kernel before 5.0?)")
+        #expect(reported.split(separator: "\t").last == "0", "\(reported)")
+    }
+
     @Test func ingestReadsStandardInputAndPrintsJSONToStandardOutput() async throws {
         let dir = try TemporaryDirectory()
         let db = dir.file("ferry.sqlite")

@@ -1,15 +1,17 @@
-#ifndef FERRY_CFUTEX_SHIM_H
-#define FERRY_CFUTEX_SHIM_H
+#ifndef FERRY_CSYSCALL_SHIM_H
+#define FERRY_CSYSCALL_SHIM_H
 #include <linux/futex.h>
 #include <stdint.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+/* System calls Swift cannot make itself: syscall() and prctl() are variadic. */
+
 /* The kernel's futex, for DatabaseThread's sleep: a thread woken from pthread_cond_wait takes its mutex back
    marked "contended" (glibc), so its next unlock is one more system call (FUTEX_WAKE) although nobody waits:
-   measured with perf in the test bed, one extra system call per notification of a sync session. syscall() is
-   variadic, which Swift cannot call: hence these wrappers. */
+   measured with perf in the test bed, one extra system call per notification of a sync session. */
 
 /* Sleeps while *word == expected, until woken, or until `deadline` (absolute, CLOCK_MONOTONIC; NULL: none).
    Returns 0 when woken, else -1 with errno: ETIMEDOUT, EAGAIN (*word had already changed) or EINTR. */
@@ -22,5 +24,12 @@ static inline int ferry_futex_wait(uint32_t *word, uint32_t expected, const stru
 /* Wakes one thread sleeping on `word`. */
 static inline void ferry_futex_wake_one(uint32_t *word) {
     (void)syscall(SYS_futex, word, FUTEX_WAKE | FUTEX_PRIVATE_FLAG, 1, NULL, NULL, 0);
+}
+/* Opts this process (and what it would start) out of transparent huge pages. Where the kernel backs anonymous
+   memory with 2 MiB pages ("always", Debian's default), the first touch of every thread's stack allocates and
+   zeroes a whole 2 MiB page (pthread_create writes the thread's descriptor there): ferry's few threads and small
+   heap gain nothing from huge pages and pay that in RSS and start-up. Returns 0, or -1 with errno. */
+static inline int ferry_disable_transparent_huge_pages(void) {
+    return prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);
 }
 #endif
