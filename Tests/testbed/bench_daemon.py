@@ -10,7 +10,8 @@ and ACK cadence. Measured per N:
   - the daemon's CPU (user+sys of the process, /proc/PID/stat) from its start until every peripheral got its
     final SYNC_ACK, per frame; and the part between the first DATA frame and that end (the drain);
   - bluetoothd's and dbus-daemon's CPU over the same span;
-  - lossless: every event in the store exactly once, 0 protocol violations at the peripherals.
+  - lossless: every event in the store exactly once, 0 protocol violations at the peripherals;
+  - the daemon's peak resident set by then (VmHWM in /proc/PID/status), and its resident set at the end.
 After the last N, the daemon stays up with nothing to do (every peripheral caught up, the next sync an hour
 away) for two windows of --idle-seconds (default 60) each: its CPU over each, as a share of one core.
   - "after the drains": from 2 s after the last link was released. It holds what follows a drain: bluetoothd
@@ -50,6 +51,20 @@ def stat_cpu(path: str) -> tuple[str, float] | None:
 def process_cpu(pid: int) -> float | None:
     found = stat_cpu(f"/proc/{pid}/stat")
     return found[1] if found else None
+
+
+def memory_kb(pid: int) -> dict[str, int]:
+    """The process's resident set now (VmRSS) and at its peak (VmHWM), in kB."""
+    found: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    found[key] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return found
 
 
 def thread_cpu(pid: int) -> dict[str, tuple[str, float]]:
@@ -117,6 +132,9 @@ def run_daemon(n: int, addrs: list[str], events: int, idle_seconds: float) -> di
         time.sleep(0.2)
     end_cpu = process_cpu(proc.pid)
     after = daemon_cpu()
+    memory = memory_kb(proc.pid)
+    if "VmHWM" in memory:
+        row["peak_rss_kb"] = memory["VmHWM"]
     row["wall_seconds"] = round(time.monotonic() - t0, 3)
     row["caught_up"] = done
     # The peripherals write their stats within 0.5 s of a change: wait for the last DATA times to settle.
@@ -154,6 +172,8 @@ def run_daemon(n: int, addrs: list[str], events: int, idle_seconds: float) -> di
             row[f"{key}_cpu_percent_of_a_core"] = window["percent_of_a_core"]
             row[f"{key}_cpu_seconds_per_10s"] = window["cpu_seconds_per_10s"]
             row[f"{key}_cpu_seconds_per_thread"] = window["cpu_seconds_per_thread"]
+    if "VmRSS" in memory_kb(proc.pid):
+        row["rss_kb_at_end"] = memory_kb(proc.pid)["VmRSS"]
     proc.send_signal(signal.SIGTERM)
     try:
         row["exit"] = proc.wait(timeout=30)
