@@ -23,3 +23,29 @@ public func monotonicNanoseconds() -> Int {
     clock_gettime(CLOCK_MONOTONIC, &now)
     return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
 }
+
+/// Reads `fd` from its current offset to the end of the file, or up to `limit` bytes; nil with errno set when
+/// a read fails. Again after a signal interrupts a read.
+public func readUpTo(_ fd: Int32, limit: Int) -> [UInt8]? {
+    var bytes: [UInt8] = []
+    var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+    while bytes.count < limit {
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, min($0.count, limit - bytes.count)) }
+        if n < 0 && errno == EINTR { continue }
+        if n < 0 { return nil }
+        if n == 0 { break }
+        bytes.append(contentsOf: chunk[..<n])
+    }
+    return bytes
+}
+
+/// Creates or truncates the file at `path` (close-on-exec, `mode` narrowed by the umask) and writes all of
+/// `bytes`, without an fsync; nil when done, else the errno. A failed write leaves no file behind.
+public func writeFile(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o666) -> Int32? {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+    guard fd >= 0 else { return errno }
+    var failure = writeAll(fd, bytes)
+    if close(fd) != 0 && failure == nil { failure = errno }
+    if failure != nil { unlink(path) }
+    return failure
+}
