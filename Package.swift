@@ -50,7 +50,7 @@ let package = Package(
         // the scheduler, dump ingest. No BlueZ, D-Bus or HTTP: the simulator and `ferry ingest` need none.
         .target(name: "FerrySync", dependencies: ["FerryCore", "FerryProtocol", "FerryStore"]),
         // In-process simulated Sync peripheral (tests, demo, benchmarks).
-        .target(name: "FerrySimulator", dependencies: ["FerryProtocol", "FerrySync"]),
+        .target(name: "FerrySimulator", dependencies: ["FerryCore", "FerryProtocol", "FerrySync"]),
         // BlueZ- and daemon-specific wiring: BlueZ transport, daemon, config, pairing, metrics.
         .target(name: "FerryGateway", dependencies: ["FerryCore", "FerryProtocol", "FerryStore", "FerrySync", "FerryUplink", "FerryBlueZ"]),
         // Command line: argument parsing and subcommands (library so tests can call it in-process).

@@ -1,6 +1,7 @@
 import FerryCore
 import FerryDBus
-import Foundation
+import FoundationEssentials
+import Glibc
 
 #if canImport(Glibc)
     import Glibc

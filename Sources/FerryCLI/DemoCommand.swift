@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 import FerrySimulator
 import FerryStore
@@ -52,11 +53,9 @@ enum DemoCommand {
             }
             capture += bytes
         }
-        let fd = open(capturePath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw CommandFailure("cannot write \(capturePath): \(String(cString: strerror(errno)))") }
-        let written = capture.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        close(fd)
-        guard written == capture.count else { throw CommandFailure("short write to \(capturePath)") }
+        if let code = writeFile(capturePath, capture, mode: 0o600) {
+            throw CommandFailure("cannot write \(capturePath): \(String(cString: strerror(code)))")
+        }
 
         output.out(
             "capture: \(capturePath), \(capture.count) bytes, events 1...\(events) with \(lost.count) lost "

@@ -2,7 +2,8 @@ import FerryCore
 import FerryProtocol
 import FerryStore
 import FerryUplink
-import Foundation
+import FoundationEssentials
+import Glibc
 
 enum ForwardCommand {
     static let help = """
@@ -156,7 +157,7 @@ enum ForwardCommand {
             output.out(
                 "forwarded \(report.framesDelivered) frames in \(report.eventsDelivered) events / "
                     + "\(report.batchesDelivered) batches (\(report.attempts) requests, \(report.retries) retries, "
-                    + "\(report.pauses) pauses, \(report.bytesSent) bytes) in \(String(format: "%.1f", seconds)) s; "
+                    + "\(report.pauses) pauses, \(report.bytesSent) bytes) in \(cFormat("%.1f", seconds)) s; "
                     + "\(report.pendingInStore) undelivered, \(report.failedInStore) FAILED in the store")
         }
         if untilEmpty && report.failedInStore > 0 { return 3 }

@@ -1,5 +1,6 @@
 import FerryCore
-import Foundation
+import FoundationEssentials
+import Glibc
 
 #if canImport(Glibc)
     import Glibc

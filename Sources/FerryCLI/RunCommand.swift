@@ -4,7 +4,8 @@ import FerryGateway
 import FerrySync
 import FerryProtocol
 import FerryUplink
-import Foundation
+import FoundationEssentials
+import Glibc
 
 #if canImport(Glibc)
     import Glibc

@@ -1,4 +1,6 @@
-import Foundation
+import FerryCore
+import FoundationEssentials
+import Glibc
 
 #if canImport(Glibc)
     import Glibc
@@ -13,8 +15,8 @@ enum StoreOwnership {
     static func requireCallerOwns(_ dbPath: String, command: String) throws {
         guard geteuid() == 0 else { return }  // anyone else simply cannot open another user's 0700 directory
         var info = stat()
-        let target = stat(dbPath, &info) == 0 ? dbPath : (dbPath as NSString).deletingLastPathComponent
-        guard target == dbPath || stat(target.isEmpty ? "." : target, &info) == 0, info.st_uid != 0 else { return }
+        let target = stat(dbPath, &info) == 0 ? dbPath : directoryName(of: dbPath)
+        guard target == dbPath || stat(target, &info) == 0, info.st_uid != 0 else { return }
         let owner = userName(info.st_uid)
         throw CommandFailure(
             "\(target) belongs to \(owner), not root: run this as \(owner) so the store stays writable by the service "

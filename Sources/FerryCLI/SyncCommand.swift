@@ -5,7 +5,8 @@ import FerryGateway
 import FerrySync
 import FerryProtocol
 import FerryStore
-import Foundation
+import FoundationEssentials
+import Glibc
 
 enum SyncCommand {
     static let help = """
@@ -119,7 +120,7 @@ enum SyncCommand {
                 "sync \(address): \(outcome.result); \(s.framesStored) frames stored, \(s.duplicates) duplicates, "
                     + "\(s.gapsRecorded) gaps, \(s.regressions) regressions, \(s.corrupt) corrupt; epoch \(s.epoch) "
                     + "cursor \(s.cursor); notify via \(outcome.notifyPath)"
-                    + (outcome.mtu.map { " (MTU \($0))" } ?? "") + String(format: "; %.2f s", outcome.seconds))
+                    + (outcome.mtu.map { " (MTU \($0))" } ?? "") + cFormat("; %.2f s", outcome.seconds))
         }
         guard outcome.result == "caught up" else {
             throw CommandFailure("sync \(address) did not finish: \(outcome.result)")

@@ -3,7 +3,8 @@ import Dispatch
 import FerryGateway
 import FerrySync
 import FerryProtocol
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// Asks the operator at the terminal while pairing runs: a peripheral shows its passkey, or the number of a
 /// numeric comparison, only once pairing has begun, so these cannot be options given in advance.
@@ -12,7 +13,7 @@ enum TerminalPrompt {
         PeripheralPairing.OperatorPrompt(
             enterPasskey: {
                 let answer = await ask("ferry: \(address): type the 6-digit passkey the peripheral displays, then Enter: ")
-                guard let text = answer?.trimmingCharacters(in: .whitespaces), let value = UInt32(text),
+                guard let text = answer?.trimmingWhitespace(), let value = UInt32(text),
                     value <= 999_999
                 else { return nil }
                 return value
@@ -20,7 +21,7 @@ enum TerminalPrompt {
             confirmNumber: { shown in
                 let answer = await ask(
                     "ferry: \(address): does the peripheral show \(shown)? Confirm on the peripheral too. [y/N]: ")
-                return answer?.trimmingCharacters(in: .whitespaces).lowercased().hasPrefix("y") == true
+                return answer?.trimmingWhitespace().lowercased().hasPrefix("y") == true
             })
     }
 

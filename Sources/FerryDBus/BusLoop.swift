@@ -1,6 +1,7 @@
 import CDBus
 import FerryCore
-import Foundation
+import FoundationEssentials
+import Glibc
 
 #if canImport(Glibc)
     import Glibc

@@ -1,6 +1,7 @@
 import CDBus
 import FerryCore
-import Foundation
+import FoundationEssentials
+import Glibc
 import Synchronization
 
 /// A private connection to a D-Bus bus, driven by its own thread.

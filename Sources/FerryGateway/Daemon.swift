@@ -4,7 +4,8 @@ import FerryDBus
 import FerryProtocol
 import FerryStore
 import FerryUplink
-import Foundation
+import FoundationEssentials
+import Glibc
 import FerrySync
 
 /// The long-running gateway (`ferry run`): keeps the allowed peripherals synced through a few connection
@@ -366,7 +367,7 @@ public actor GatewayDaemon {
         case .recovered(let step):
             metrics?.adapterRecovered()
             metrics?.adapter(wedged: false)
-            log.log(.notice, "adapter recovery: connects work again after the \(step.rawValue.replacingOccurrences(of: "_", with: " "))")
+            log.log(.notice, "adapter recovery: connects work again after the \(String(step.rawValue.map { $0 == "_" ? " " : $0 }))")
         case .givingUp(let until):
             metrics?.adapter(wedged: true)
             log.log(
@@ -737,7 +738,7 @@ public actor GatewayDaemon {
             let wait = max(0, state.notBefore - clock.now())
             log(for: address).log(
                 .info,
-                "backing off \(String(format: "%.1f", wait)) s after \(state.consecutiveFailures) "
+                "backing off \(cFormat("%.1f", wait)) s after \(state.consecutiveFailures) "
                     + "consecutive failures")
         }
         if result.bondMissingAfterConnect {
@@ -756,7 +757,7 @@ public actor GatewayDaemon {
             "storage: disk budget \(budget) bytes"
                 + (configuration.diskBudgetBytes == nil
                     ? " (default: half the room the store had at start, at most 1 GiB; set disk_budget_bytes)" : "")
-                + ", delivered events kept \(String(format: "%g", configuration.retentionHours)) h")
+                + ", delivered events kept \(cFormat("%g", configuration.retentionHours)) h")
         let scheduler = self.scheduler
         let watch = StorageWatch(
             databasePath: databasePath, budget: budget, signals: storageSignals, log: log, clock: clock,
@@ -934,7 +935,7 @@ struct SlotSession: Sendable {
         }
         log.log(
             .info,
-            "connected in \(String(format: "%.2f", session.connectSeconds)) s"
+            "connected in \(cFormat("%.2f", session.connectSeconds)) s"
                 + (settings.policy.stayConnected ? " (stays connected for live events)" : ""))
         let report = await sessionWorker.run(session)
         let s = report.summary
@@ -945,7 +946,7 @@ struct SlotSession: Sendable {
         log.log(
             report.outcome == .failed ? .warning : .notice,
             "sync \(s.end ?? .linkLost): \(s.framesStored) frames stored in "
-                + String(format: "%.2f s (%.0f frames/s)", report.seconds, rate) + ", epoch \(s.epoch) cursor \(s.cursor)"
+                + cFormat("%.2f s (%.0f frames/s)", report.seconds, rate) + ", epoch \(s.epoch) cursor \(s.cursor)"
                 + (report.knownHead.map { " head \($0)" } ?? "") + ", \(s.duplicates) duplicates, \(s.gapsRecorded) gaps, "
                 + "\(s.regressions) regressions, \(s.corrupt) corrupt"
                 + (s.backpressure ? "; store over its disk budget (backpressure)" : "")
@@ -961,11 +962,8 @@ public enum StateDirectory {
         var info = stat()
         if stat(path, &info) != 0 {
             guard errno == ENOENT else { throw ConfigError(key: "state_dir", problem: "\(path): \(errnoText())") }
-            do {
-                try FileManager.default.createDirectory(
-                    atPath: path, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
-            } catch {
-                throw ConfigError(key: "state_dir", problem: "cannot create \(path): \(error.localizedDescription)")
+            if let code = createDirectories(path, mode: 0o700) {
+                throw ConfigError(key: "state_dir", problem: "cannot create \(path): \(String(cString: strerror(code)))")
             }
             _ = chmod(path, 0o700)  // the umask may have narrowed it; never widened
             return

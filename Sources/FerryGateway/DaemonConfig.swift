@@ -1,5 +1,7 @@
 import FerryProtocol
-import Foundation
+import FerryCore
+import FoundationEssentials
+import Glibc
 import FerrySync
 
 /// A config file problem: names the key and what is wrong, in one line (the CLI exits 2 with it).
@@ -81,7 +83,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
 
     public init() {}
 
-    public var databasePath: String { (stateDir as NSString).appendingPathComponent("ferry.sqlite") }
+    public var databasePath: String { joiningPath(stateDir, "ferry.sqlite") }
 
     /// How to sync `address`, or nil if it must not be synced: listed in the allowlist, or `trusted` (paired
     /// with `ferry pair`), or anything in lab mode. The bond requirement is checked separately, against BlueZ.
@@ -285,10 +287,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
     }
 
     static func describe(_ error: any Error) -> String {
-        if case DecodingError.dataCorrupted(let context) = error {
-            return (context.underlyingError as NSError?)?.userInfo[NSDebugDescriptionErrorKey] as? String
-                ?? context.debugDescription
-        }
+        if case DecodingError.dataCorrupted(let context) = error { return context.debugDescription }
         return "\(error)"
     }
 

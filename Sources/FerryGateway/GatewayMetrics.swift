@@ -2,7 +2,8 @@ import FerryCore
 import FerryDBus
 import FerryProtocol
 import FerryStore
-import Foundation
+import FoundationEssentials
+import Glibc
 import FerrySync
 
 #if canImport(Glibc)
@@ -367,7 +368,7 @@ public struct LiveViewFile: Sendable {
 
     /// The file beside the store at `databasePath`.
     public init(databasePath: String) {
-        path = (databasePath as NSString).deletingLastPathComponent + "/ferry-live.json"
+        path = joiningPath(directoryName(of: databasePath), "ferry-live.json")
     }
 
     /// Without an fsync (Foundation's `Data.write` does one): the daemon rewrites the view every 10 s for as long
@@ -376,15 +377,8 @@ public struct LiveViewFile: Sendable {
     public func write(_ view: LiveView) throws {
         let bytes = Array(view.json.text.utf8)
         let temporary = path + ".tmp"
-        let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o666)
-        guard fd >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-        var failure = writeAll(fd, bytes)
-        if close(fd) != 0 && failure == nil { failure = errno }
-        if let failure {
-            // A half-written file on a full disk would hold blocks the store needs to recover.
-            unlink(temporary)
-            throw POSIXError(POSIXErrorCode(rawValue: failure) ?? .EIO)
-        }
+        // A half-written file on a full disk would hold blocks the store needs to recover: writeFile removes it.
+        if let failure = writeFile(temporary, bytes) { throw POSIXError(POSIXErrorCode(rawValue: failure) ?? .EIO) }
         guard rename(temporary, path) == 0 else {
             let failure = errno
             unlink(temporary)
@@ -397,11 +391,12 @@ public struct LiveViewFile: Sendable {
     /// The view if the file exists, parses, is bounded in size, and is fresh as of `nowMillis`; nil otherwise
     /// (no daemon, or one that died without removing it).
     public func readFresh(nowMillis: Int64) -> LiveView? {
-        guard let handle = FileHandle(forReadingAtPath: path) else { return nil }
-        defer { try? handle.close() }
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { close(fd) }
         // The file is ours, but a reader still bounds what it takes in.
-        guard let data = try? handle.read(upToCount: 1 << 20),
-            let view = try? JSONDecoder().decode(LiveView.self, from: data)
+        guard let bytes = readUpTo(fd, limit: 1 << 20),
+            let view = try? JSONDecoder().decode(LiveView.self, from: Data(bytes))
         else { return nil }
         let age = Double(nowMillis - view.updatedAt) / 1000
         return age <= Self.staleAfterSeconds && age > -Self.staleAfterSeconds ? view : nil

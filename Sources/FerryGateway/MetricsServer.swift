@@ -1,6 +1,7 @@
 import FerryCore
 import FerryStore
-import Foundation
+import FoundationEssentials
+import Glibc
 import FerrySync
 
 #if canImport(Glibc)

@@ -1,7 +1,8 @@
 import FerryCore
 import FerryProtocol
 import FerryStore
-import Foundation
+import FoundationEssentials
+import Glibc
 import FerrySync
 
 /// Whether the daemon may start sessions, given the store's space (issue 12: disk pressure that converges).
@@ -298,9 +299,9 @@ struct StorageWatch: Sendable {
                 .warning,
                 "storage: \(why(pressure)) and nothing delivered is left to prune: no new sessions (peripherals "
                     + "keep their events) until the uplink drains or space is freed; checking again in "
-                    + String(format: "%.0f s, then less and less often", wait))
+                    + cFormat("%.0f s, then less and less often", wait))
         case .stillClosed(let pressure, let wait):
-            log.log(.debug, "storage: still short of room (\(why(pressure))); next check in " + String(format: "%.0f s", wait))
+            log.log(.debug, "storage: still short of room (\(why(pressure))); next check in " + cFormat("%.0f s", wait))
         case .reopened(let used):
             log.log(.notice, "storage: room again (store \(used) bytes, budget \(budget)): sessions resume")
         }

@@ -1,6 +1,7 @@
 import FerryCore
 import FerryProtocol
-import Foundation
+import FoundationEssentials
+import Glibc
 import FerrySync
 
 #if canImport(Glibc)
@@ -145,7 +146,7 @@ public final class SystemdSupervision: Sendable {
                 lastPing = now
             }
             if !message.isEmpty { notifier.send(message.joined(separator: "\n")) }
-            Thread.sleep(forTimeInterval: tick)
+            usleep(useconds_t(tick * 1_000_000))
         }
     }
 }

@@ -1,4 +1,6 @@
-import Foundation
+import FerryCore
+import FoundationEssentials
+import Glibc
 
 /// Everything the simulator reports as failing: its journal or capture files.
 public enum SimulatorError: Error, CustomStringConvertible, Sendable {
@@ -105,37 +107,24 @@ enum JournalRecord: Equatable {
 /// file descriptor.
 final class Journal {
     let path: String
-    private let handle: FileHandle
+    private let fd: Int32
 
     init(directory: URL) throws(SimulatorError) {
         path = directory.appendingPathComponent("peripheral.journal").path
-        do {
-            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-            if !FileManager.default.fileExists(atPath: path) {
-                guard FileManager.default.createFile(atPath: path, contents: nil) else {
-                    throw SimulatorError.io("cannot create \(path)")
-                }
-            }
-            handle = try FileHandle(forUpdating: URL(fileURLWithPath: path))
-        } catch let error as SimulatorError {
-            throw error
-        } catch {
-            throw .io("cannot open \(path): \(error.localizedDescription)")
+        if let code = createDirectories(directory.path, mode: 0o755) {
+            throw .io("cannot create \(directory.path): \(String(cString: strerror(code)))")
         }
+        fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw .io("cannot open \(path): \(String(cString: strerror(errno)))") }
     }
 
     deinit {
-        try? handle.close()
+        close(fd)
     }
 
     func load() throws(SimulatorError) -> [JournalRecord] {
-        let bytes: [UInt8]
-        do {
-            try handle.seek(toOffset: 0)
-            bytes = [UInt8](try handle.readToEnd() ?? Data())
-            try handle.seekToEnd()
-        } catch {
-            throw .io("cannot read \(path): \(error.localizedDescription)")
+        guard lseek(fd, 0, SEEK_SET) == 0, let bytes = readUpTo(fd, limit: Int.max) else {
+            throw .io("cannot read \(path): \(String(cString: strerror(errno)))")
         }
         let (records, bad) = JournalRecord.decodeAll(bytes)
         if let bad { throw .corruptJournal(path: path, offset: bad) }
@@ -145,10 +134,8 @@ final class Journal {
     func append(_ record: JournalRecord) throws(SimulatorError) {
         var bytes: [UInt8] = []
         record.encode(into: &bytes)
-        do {
-            try handle.write(contentsOf: bytes)
-        } catch {
-            throw .io("cannot append to \(path): \(error.localizedDescription)")
+        if let code = writeAll(fd, bytes) {
+            throw .io("cannot append to \(path): \(String(cString: strerror(code)))")
         }
     }
 }

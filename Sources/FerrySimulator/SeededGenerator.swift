@@ -1,4 +1,5 @@
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// SplitMix64: a tiny, fast, seedable generator. Every fault the simulator injects and every payload it
 /// invents comes from one of these, so a failing run is reproduced by its seed alone.

@@ -1,5 +1,7 @@
+import FerryCore
 import FerryProtocol
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// An in-process Sync peripheral (PROTOCOL §1–4) with a persistent event store, a misbehaving radio, and
 /// a referee's notebook.
@@ -468,10 +470,8 @@ public final class SimulatedPeripheral {
     /// Writes `captureBytes(faults:)` to `path`.
     public func writeCapture(to path: String, faults captureFaults: Faults) throws(SimulatorError) {
         let bytes = captureBytes(faults: captureFaults)
-        do {
-            try Data(bytes).write(to: URL(fileURLWithPath: path))
-        } catch {
-            throw .io("cannot write capture \(path): \(error.localizedDescription)")
+        if let code = writeFile(path, bytes) {
+            throw .io("cannot write capture \(path): \(String(cString: strerror(code)))")
         }
     }
 

@@ -1,6 +1,7 @@
 import CSQLite
 import FerryProtocol
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// A stream's key in the store: (peripheral identity address, epoch). After a counter regression the
 /// store epoch differs from the epoch the peripheral reports (see `recordRegression`).

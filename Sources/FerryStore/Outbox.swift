@@ -1,6 +1,7 @@
 import FerryCore
 import FerryProtocol
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// One row of `outbox_events`.
 public struct OutboxEvent: Sendable, Equatable {

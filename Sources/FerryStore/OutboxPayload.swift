@@ -1,5 +1,6 @@
 import FerryCore
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// `outbox_events.event_type`. The raw values are the stored text (a CHECK constraint allows only these).
 public enum OutboxEventType: String, Sendable, CaseIterable {

@@ -1,6 +1,7 @@
 import CSQLite
 import FerryCore
-import Foundation
+import FoundationEssentials
+import Glibc
 
 #if canImport(Glibc)
     import Glibc
@@ -28,8 +29,7 @@ extension GatewayStore {
 
     static func freeBytes(near path: String) -> Int64? {
         var info = statvfs()
-        let directory = (path as NSString).deletingLastPathComponent
-        guard statvfs(directory.isEmpty ? "." : directory, &info) == 0 else { return nil }
+        guard statvfs(directoryName(of: path), &info) == 0 else { return nil }
         let (bytes, overflow) = Int64(info.f_bavail).multipliedReportingOverflow(by: Int64(info.f_frsize))
         return overflow ? Int64.max : bytes
     }
@@ -140,19 +140,13 @@ extension GatewayStore {
     public func ensureReserve(bytes: Int64) -> Bool {
         if let size = fileSize(atPath: reservePath), size >= bytes { return true }
         guard let free = freeBytes(), free >= bytes + GatewayStore.freeSpaceFloorBytes else { return false }
-        do {
-            try Data(count: Int(bytes)).write(to: URL(fileURLWithPath: reservePath))
-            return true
-        } catch {
-            try? FileManager.default.removeItem(atPath: reservePath)
-            return false
-        }
+        return writeFile(reservePath, [UInt8](repeating: 0, count: Int(bytes))) == nil
     }
 
     /// Gives the reserve back to the file system; true if there was one.
     @discardableResult
     public func releaseReserve() -> Bool {
-        (try? FileManager.default.removeItem(atPath: reservePath)) != nil
+        unlink(reservePath) == 0
     }
 
     /// `wal_checkpoint(TRUNCATE)`: copies the WAL into the main file and truncates it to zero bytes. Returns

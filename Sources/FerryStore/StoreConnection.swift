@@ -1,6 +1,7 @@
 import CSyscall
 import FerryCore
-import Foundation
+import FoundationEssentials
+import Glibc
 
 #if canImport(Glibc)
     import Glibc

@@ -1,7 +1,8 @@
 import FerryCore
 import FerryProtocol
 import FerryStore
-import Foundation
+import FoundationEssentials
+import Glibc
 
 /// Sends one batch body; `UplinkHTTPPoster` in production, anything Sendable in tests.
 public protocol BatchPosting: Sendable {
@@ -242,7 +243,7 @@ public actor OutboxForwarder {
 
     static let bootID: String = {
         let text = (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? ""
-        return text.trimmingCharacters(in: .whitespacesAndNewlines)
+        return text.trimmingWhitespace()
     }()
 
     /// kill(pid, 0): ESRCH means gone; EPERM means alive under another user.
@@ -267,7 +268,7 @@ public actor OutboxForwarder {
             report.pauses += 1
             pausedUntil = now + Int64(after * 1000)
             try? record(.paused, since: wallClock.nowMillis(), detail: "cannot use the token: \(error)")
-            log.log(.error, "uplink: paused \(String(format: "%.0f", after)) s: cannot use the token: \(error)")
+            log.log(.error, "uplink: paused \(cFormat("%.0f", after)) s: cannot use the token: \(error)")
             return false
         }
     }
@@ -369,7 +370,7 @@ public actor OutboxForwarder {
                 batch.id, error: "\(reason)", nextRetryAt: wall &+ UplinkHealth.millis(after), countsAsRetry: false,
                 maxRetries: Int(Int32.max))
             try record(.paused, since: wall, detail: "\(reason)")
-            log.log(.warning, "uplink: paused \(String(format: "%.0f", after)) s: \(reason)")
+            log.log(.warning, "uplink: paused \(cFormat("%.0f", after)) s: \(reason)")
         case .fail(let reason):
             consecutivePauses = 0
             try store.failBatch(batch.id, error: reason)
@@ -405,7 +406,7 @@ public actor OutboxForwarder {
         log.log(
             .info,
             "uplink: batch \(batch.id) \(reason)\(retryAfter.map { ", Retry-After \($0) s" } ?? ""); "
-                + "again in \(String(format: "%.1f", Double(due - now) / 1000)) s")
+                + "again in \(cFormat("%.1f", Double(due - now) / 1000)) s")
         try apply(action, now: now, reason: reason)
     }
 
@@ -427,15 +428,15 @@ public actor OutboxForwarder {
             let backlog = try store.undeliveredCount()
             log.log(
                 .warning,
-                "uplink: offline (\(reason.map { "\($0)" } ?? "no answer")) for \(String(format: "%.1f", Double(now - since) / 1000)) s; "
+                "uplink: offline (\(reason.map { "\($0)" } ?? "no answer")) for \(cFormat("%.1f", Double(now - since) / 1000)) s; "
                     + "\(backlog) events wait; probing with one batch at a time, next in "
-                    + "\(String(format: "%.1f", Double(max(0, nextProbeAt - now)) / 1000)) s")
+                    + "\(cFormat("%.1f", Double(max(0, nextProbeAt - now)) / 1000)) s")
         case .backOnline(let offlineMillis):
             try store.makePendingDue(now: wallClock.nowMillis())
             let backlog = try store.undeliveredCount()
             log.log(
                 .warning,
-                "uplink: back online after \(String(format: "%.1f", Double(offlineMillis) / 1000)) s offline; "
+                "uplink: back online after \(cFormat("%.1f", Double(offlineMillis) / 1000)) s offline; "
                     + "backlog \(backlog) events")
         }
     }

@@ -1,7 +1,9 @@
 // Pure parsing of what the backend's side of a connection controls or the operator configured: kept free of
 // libcurl so the fuzz target (Fuzz/UplinkHeadersFuzz.swift) can build it alone.
 
-import Foundation
+import FerryCore
+import FoundationEssentials
+import Glibc
 
 /// One line of a response head as libcurl hands it to the header callback (CRLF included).
 public enum HTTPHeaderLine: Sendable, Equatable {
@@ -13,15 +15,15 @@ public enum HTTPHeaderLine: Sendable, Equatable {
     case malformed
 
     public init(_ line: String) {
-        let trimmed = line.trimmingCharacters(in: .whitespacesAndNewlines)
+        let trimmed = line.trimmingWhitespace()
         if trimmed.hasPrefix("HTTP/") {
             self = .statusLine
         } else if trimmed.isEmpty {
             self = .end
         } else if let colon = trimmed.firstIndex(of: ":") {
             self = .field(
-                name: trimmed[..<colon].trimmingCharacters(in: .whitespaces).lowercased(),
-                value: trimmed[trimmed.index(after: colon)...].trimmingCharacters(in: .whitespaces))
+                name: trimmed[..<colon].trimmingWhitespace().lowercased(),
+                value: trimmed[trimmed.index(after: colon)...].trimmingWhitespace())
         } else {
             self = .malformed
         }

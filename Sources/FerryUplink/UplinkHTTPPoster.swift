@@ -9,7 +9,8 @@
 
 import FerryCore
 import CCurl
-import Foundation
+import FoundationEssentials
+import Glibc
 import Synchronization
 
 /// When request bodies are gzip-compressed.
@@ -203,7 +204,7 @@ public final class UplinkHTTPPoster: Sendable {
         }
         if let accepted = response.header("accept-encoding") {
             let advertised = accepted.lowercased().split(separator: ",").contains {
-                $0.split(separator: ";").first?.trimmingCharacters(in: .whitespaces) == "gzip"
+                $0.split(separator: ";").first?.trimmingWhitespace() == "gzip"
             }
             gzipAdvertised.withLock { $0 = advertised }
         }

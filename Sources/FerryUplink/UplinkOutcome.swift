@@ -1,5 +1,6 @@
 import FerryCore
-import Foundation
+import FoundationEssentials
+import Glibc
 
 // What one POST of a batch came to, classified exactly as PROTOCOL.md §6 says.
 // Pure: no I/O, so every status and transport failure is testable without a server.
@@ -99,7 +100,7 @@ public enum UplinkResponseClassifier {
 public enum RetryAfter {
     /// Seconds to wait from now, never negative; nil when the value parses as neither form.
     public static func seconds(from header: String, nowSecondsSince1970: Double) -> Double? {
-        let value = header.trimmingCharacters(in: .whitespaces)
+        let value = header.trimmingWhitespace()
         if !value.isEmpty, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }) {
             // Huge digit strings saturate instead of failing: the policy caps the wait anyway.
             return Double(value) ?? Double.greatestFiniteMagnitude

@@ -1,6 +1,7 @@
 import CSyscall
 import FerryCLI
-import Foundation
+import FoundationEssentials
+import Glibc
 
 // First, before any thread starts (see the shim). A kernel without the option keeps its default: nothing to report.
 _ = ferry_disable_transparent_huge_pages()
