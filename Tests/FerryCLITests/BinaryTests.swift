@@ -83,13 +83,41 @@ import Testing
     /// A process opted out of transparent huge pages says so in its status (Linux 5.0+): the first touch of each
     /// thread's stack would otherwise cost a zeroed 2 MiB page where the kernel's setting is "always".
     @Test func theProcessOptsOutOfTransparentHugePages() async throws {
+        let line = try await Self.whileIngestRuns(read: "status") { status in
+            status.split(separator: "\n").first(where: { $0.hasPrefix("THP_enabled:") }).map(String.init)
+        }
+        let reported = try #require(line, "no THP_enabled line in /proc/PID/status (a kernel before 5.0?)")
+        #expect(reported.split(separator: "\t").last == "0", "\(reported)")
+    }
+
+    /// Ferry links FoundationEssentials, not Foundation: full Foundation brings CoreFoundation and ICU (37 MB of
+    /// data, tens of thousands of relocations at every start). A debug build links Swift's libraries as shared
+    /// objects, so an `import Foundation` slipping back into Sources shows in the process's mappings.
+    @Test func theProcessDoesNotLoadFoundationOrICU() async throws {
+        let libraries = try await Self.whileIngestRuns(read: "maps") { maps -> [String]? in
+            let paths = Set(maps.split(separator: "\n").compactMap { $0.split(separator: " ").last.map(String.init) })
+            return paths.contains(where: { $0.hasSuffix(".so") || $0.contains(".so.") }) ? Array(paths) : nil
+        }
+        let mapped = try #require(libraries, "no shared objects in /proc/PID/maps")
+        for forbidden in ["libFoundation.so", "libFoundationInternationalization.so", "lib_FoundationICU.so"] {
+            #expect(
+                !mapped.contains(where: { $0.hasSuffix("/" + forbidden) }),
+                "ferry maps \(forbidden) (no import left? objects from before it was removed keep linking it until rebuilt)")
+        }
+    }
+
+    /// Runs `ferry ingest` on an open standard input and applies `extract` to /proc/PID/`file` of the running
+    /// ferry until it returns a value (10 s at most).
+    private static func whileIngestRuns<T: Sendable>(
+        read file: String, _ extract: @escaping @Sendable (String) -> T?
+    ) async throws -> T? {
         let dir = try TemporaryDirectory()
         let executable = try Self.executable()
         let db = dir.file("ferry.sqlite")
-        let line = try await blocking { () throws -> String? in
+        return try await blocking { () throws -> T? in
             let process = Process()
             process.executableURL = executable
-            // Waits on its standard input, which stays open until the status is read.
+            // Waits on its standard input, which stays open until the file is read.
             process.arguments = ["ingest", "--db", db, "--peripheral", peripheral, "-"]
             let input = Pipe()
             process.standardInput = input
@@ -107,16 +135,12 @@ import Testing
                     usleep(10_000)
                     continue
                 }
-                let status = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/status", encoding: .utf8)) ?? ""
-                if let line = status.split(separator: "\n").first(where: { $0.hasPrefix("THP_enabled:") }) {
-                    return String(line)
-                }
+                let text = (try? String(contentsOfFile: "/proc/\(process.processIdentifier)/\(file)", encoding: .utf8)) ?? ""
+                if let value = extract(text) { return value }
                 usleep(10_000)
             }
             return nil
         }
-        let reported = try #require(line, "no THP_enabled line in /proc/PID/status (a kernel before 5.0?)")
-        #expect(reported.split(separator: "\t").last == "0", "\(reported)")
     }
 
     @Test func ingestReadsStandardInputAndPrintsJSONToStandardOutput() async throws {
