@@ -1,7 +1,6 @@
 import FerryCore
 import FerryDBus
 import FoundationEssentials
-import Glibc
 
 #if canImport(Glibc)
     import Glibc

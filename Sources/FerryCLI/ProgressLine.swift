@@ -1,6 +1,5 @@
 import FerryCore
 import FoundationEssentials
-import Glibc
 
 #if canImport(Glibc)
     import Glibc

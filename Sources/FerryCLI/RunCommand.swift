@@ -5,7 +5,6 @@ import FerrySync
 import FerryProtocol
 import FerryUplink
 import FoundationEssentials
-import Glibc
 
 #if canImport(Glibc)
     import Glibc

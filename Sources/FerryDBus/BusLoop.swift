@@ -1,7 +1,6 @@
 import CDBus
 import FerryCore
 import FoundationEssentials
-import Glibc
 
 #if canImport(Glibc)
     import Glibc

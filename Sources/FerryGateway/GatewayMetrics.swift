@@ -3,7 +3,6 @@ import FerryDBus
 import FerryProtocol
 import FerryStore
 import FoundationEssentials
-import Glibc
 import FerrySync
 
 #if canImport(Glibc)

@@ -1,7 +1,6 @@
 import FerryCore
 import FerryProtocol
 import FoundationEssentials
-import Glibc
 import FerrySync
 
 #if canImport(Glibc)

@@ -1,7 +1,6 @@
 import CSQLite
 import FerryCore
 import FoundationEssentials
-import Glibc
 
 #if canImport(Glibc)
     import Glibc
