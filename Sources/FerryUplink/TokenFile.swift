@@ -2,6 +2,8 @@
 // other users could read it. The token's text never appears in any error, description
 // or log line this module produces.
 
+import FerryCore
+
 #if canImport(Glibc)
     import Glibc
 #elseif canImport(Musl)
@@ -89,20 +91,11 @@ public struct TokenFile: Sendable, Hashable {
         if info.st_size > TokenFile.maximumBytes + 2 {
             throw .tooLarge(path: path, bytes: Int(info.st_size))
         }
-        var buffer = [UInt8](repeating: 0, count: TokenFile.maximumBytes + 3)
-        var filled = 0
-        while filled < buffer.count {
-            let count = buffer.withUnsafeMutableBytes { raw in
-                readDescriptor(descriptor, raw.baseAddress! + filled, raw.count - filled)
-            }
-            if count < 0 {
-                if errno == EINTR { continue }
-                throw .unreadable(path: path, errno: errno)
-            }
-            if count == 0 { break }
-            filled += count
+        // Bounded even if the file grows after the fstat.
+        guard let read = readUpTo(descriptor, limit: TokenFile.maximumBytes + 3) else {
+            throw .unreadable(path: path, errno: errno)
         }
-        var bytes = buffer[0..<filled]
+        var bytes = read[...]
         let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
         while let first = bytes.first, isSpace(first) { bytes = bytes.dropFirst() }
         while let last = bytes.last, isSpace(last) { bytes = bytes.dropLast() }
@@ -115,7 +108,3 @@ public struct TokenFile: Sendable, Hashable {
     }
 }
 
-/// `read(2)`, under a name that the `TokenFile.read()` method does not shadow.
-private func readDescriptor(_ descriptor: Int32, _ buffer: UnsafeMutableRawPointer, _ count: Int) -> Int {
-    read(descriptor, buffer, count)
-}
