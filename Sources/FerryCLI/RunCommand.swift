@@ -1,4 +1,5 @@
 import Dispatch
+import FerryCore
 import FerryDBus
 import FerryGateway
 import FerrySync
@@ -109,12 +110,17 @@ enum RunCommand {
 
     /// The file, then the flags on top. Errors name the key (or flag) and the problem.
     static func load(_ path: String, overrides args: ParsedArguments) throws -> DaemonConfiguration {
-        let data: Data
-        do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
-        } catch {
+        // Bounded: --config /dev/zero (or any huge file) must end in an error, not fill the memory.
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { throw UsageError("cannot read config file \(path): \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        guard let bytes = readUpTo(fd, limit: DaemonConfiguration.maximumFileBytes + 1) else {
             throw UsageError("cannot read config file \(path): \(String(cString: strerror(errno)))")
         }
+        guard bytes.count <= DaemonConfiguration.maximumFileBytes else {
+            throw UsageError("config file \(path) is larger than \(DaemonConfiguration.maximumFileBytes) bytes")
+        }
+        let data = Data(bytes)
         var c: DaemonConfiguration
         do { c = try DaemonConfiguration.parse(data) } catch let error as ConfigError {
             throw UsageError("\(path): \(error.description)")

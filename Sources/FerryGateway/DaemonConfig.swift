@@ -83,6 +83,9 @@ public struct DaemonConfiguration: Sendable, Equatable {
 
     public init() {}
 
+    /// A config file is read up to this size (1 MiB: some 15,000 allowlisted peripherals); a larger one is refused.
+    public static let maximumFileBytes = 1 << 20
+
     public var databasePath: String { joiningPath(stateDir, "ferry.sqlite") }
 
     /// How to sync `address`, or nil if it must not be synced: listed in the allowlist, or `trusted` (paired

@@ -28,6 +28,19 @@ import Testing
         #expect(try dir.entries().isEmpty)
     }
 
+    /// The config file is read up to 1 MiB: an endless "file" ends in one line, not in a process filling memory.
+    @Test func configFilesThatCannotBeAConfigAreRefusedInOneLine() throws {
+        let dir = try TemporaryDirectory()
+        expectFailure(ferry("run", "--config", "/dev/zero"), status: 2, mentioning: "larger than 1048576 bytes")
+        let huge = try dir.write(Array(repeating: UInt8(ascii: " "), count: (1 << 20) + 1), to: "huge.json")
+        expectFailure(ferry("run", "--config", huge), status: 2, mentioning: "larger than 1048576 bytes")
+        expectFailure(ferry("run", "--config", dir.file("missing.json")), status: 2, mentioning: "No such file or directory")
+        expectFailure(ferry("run", "--config", dir.path), status: 2, mentioning: "Is a directory")
+        // At the limit it is read and parsed: the error is then about its content.
+        let padded = try dir.write(Array(#"{"state_dir": 5}"#.utf8) + Array(repeating: UInt8(ascii: " "), count: (1 << 20) - 16), to: "padded.json")
+        expectFailure(ferry("run", "--config", padded), status: 2, mentioning: "state_dir")
+    }
+
     @Test func missingCaptureFile() throws {
         let dir = try TemporaryDirectory()
         let missing = dir.file("no-such-capture.bin")
