@@ -28,7 +28,7 @@ public func monotonicNanoseconds() -> Int {
 /// a read fails. Again after a signal interrupts a read.
 public func readUpTo(_ fd: Int32, limit: Int) -> [UInt8]? {
     var bytes: [UInt8] = []
-    var chunk = [UInt8](repeating: 0, count: 64 * 1024)
+    var chunk = [UInt8](repeating: 0, count: min(64 * 1024, max(limit, 1)))
     while bytes.count < limit {
         let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, min($0.count, limit - bytes.count)) }
         if n < 0 && errno == EINTR { continue }
