@@ -30,16 +30,16 @@ let package = Package(
             name: "CBluetooth", path: "Sources/CBluetooth",
             providers: [.apt(["libbluetooth-dev"])]),
         // System calls Swift cannot make (variadic syscall/prctl; Linux headers only, nothing linked): the futex of
-        // DatabaseThread's sleep and wake, and the process's opt-out of transparent huge pages.
+        // ThreadExecutor's sleep and wake, and the process's opt-out of transparent huge pages.
         .systemLibrary(name: "CSyscall", path: "Sources/CSyscall"),
 
-        // The one way to do small shared things: JSON writer, civil time / RFC 3339, backoff, version, a locked value
-        // and a wake-up for waiting loops. No C.
-        .target(name: "FerryCore"),
+        // The one way to do small shared things: JSON writer, civil time / RFC 3339, backoff, version, a locked value,
+        // a wake-up for waiting loops, an executor with a thread of its own. No C beyond CSyscall's system calls.
+        .target(name: "FerryCore", dependencies: ["CSyscall"]),
         // Pure protocol logic: frames, CRC, STREAM_INFO, the sync session state machine. No I/O, no C.
         .target(name: "FerryProtocol"),
         // Durable store over SQLite: staged frames, transactional outbox, cursors.
-        .target(name: "FerryStore", dependencies: ["CSQLite", "CSyscall", "FerryCore", "FerryProtocol"]),
+        .target(name: "FerryStore", dependencies: ["CSQLite", "FerryCore", "FerryProtocol"]),
         // Outbox forwarder to the backend over HTTP(S).
         .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
         // libdbus bindings: connection, marshalling, signals.
@@ -65,8 +65,8 @@ let package = Package(
         // One test target per library module; FerryIntegrationTests for whole sessions across modules.
         .testTarget(name: "FerryCoreTests", dependencies: ["FerryCore"]),
         .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol", "FerrySimulator"]),
-        .testTarget(name: "FerryStoreTests", dependencies: ["FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerrySyncTests", dependencies: ["FerrySync", "FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerryStoreTests", dependencies: ["FerryCore", "FerryStore", "FerryProtocol"]),
+        .testTarget(name: "FerrySyncTests", dependencies: ["FerryCore", "FerrySync", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerrySimulatorTests", dependencies: ["FerrySimulator", "FerryProtocol"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryTestBus"]),

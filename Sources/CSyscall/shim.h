@@ -9,7 +9,7 @@
 
 /* System calls Swift cannot make itself: syscall() and prctl() are variadic. */
 
-/* The kernel's futex, for DatabaseThread's sleep: a thread woken from pthread_cond_wait takes its mutex back
+/* The kernel's futex, for ThreadExecutor's sleep: a thread woken from pthread_cond_wait takes its mutex back
    marked "contended" (glibc), so its next unlock is one more system call (FUTEX_WAKE) although nobody waits:
    measured with perf in the test bed, one extra system call per notification of a sync session. */
 

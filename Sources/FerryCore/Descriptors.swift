@@ -16,7 +16,7 @@ public func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Int32? {
     return nil
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the deadlines of the threads that sleep on their own (DatabaseThread,
+/// CLOCK_MONOTONIC in nanoseconds: the deadlines of the threads that sleep on their own (ThreadExecutor,
 /// DeadlineThread). A wall-clock step (NTP after days offline) moves none of them.
 public func monotonicNanoseconds() -> Int {
     var now = timespec()

@@ -82,7 +82,7 @@ public struct SessionWorker: Sendable {
         public let events: LinkEvents
         /// The session's own thread: its store connection lives there, and `run` drives the session there, so
         /// a commit's fsync (or a busy wait on another writer) never holds a thread of the cooperative pool.
-        let thread: DatabaseThread
+        let thread: ThreadExecutor
         /// From the start of `open` to the resolved service, on the worker's clock.
         public let connectSeconds: Double
 
@@ -160,7 +160,7 @@ public struct SessionWorker: Sendable {
         step(.servicesResolved)
         let connectSeconds = clock.now() - started
         let events = LinkEvents()
-        let thread = DatabaseThread(name: "ferry-session")
+        let thread = ThreadExecutor(name: "ferry-session")
         let store: GatewayStore
         let transport: BlueZSyncTransport
         do {

@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 import FerryStore
 
@@ -21,7 +22,7 @@ public enum LiveSessionDriver {
     /// so sqlite3's blocking calls stay off the cooperative pool.
     public static func run(
         runner: SyncSessionRunner, events: LinkEvents, clock: any MonotonicClock = SystemMonotonicClock(),
-        thread: DatabaseThread,
+        thread: ThreadExecutor,
         afterEvent: (SyncSessionRunner) -> Void = { _ in }  // a progress display; runs in this task, between events
     ) async {
         await withTaskExecutorPreference(thread) {
@@ -31,7 +32,7 @@ public enum LiveSessionDriver {
     }
 
     private static func loop(
-        runner: SyncSessionRunner, events: LinkEvents, clock: any MonotonicClock, thread: DatabaseThread,
+        runner: SyncSessionRunner, events: LinkEvents, clock: any MonotonicClock, thread: ThreadExecutor,
         afterEvent: (SyncSessionRunner) -> Void
     ) async {
         await runner.start()

@@ -85,8 +85,8 @@ public struct ForwardReport: Sendable, Equatable {
 public actor OutboxForwarder {
     /// The store's connection is confined to this thread, with every method of the actor: a claim or an
     /// acknowledgement blocks in sqlite3 (an fsync per commit, up to 5 s in the busy handler, a prune), which
-    /// must not hold a thread of the cooperative pool (see `DatabaseThread`).
-    private let thread: DatabaseThread
+    /// must not hold a thread of the cooperative pool (see `ThreadExecutor`).
+    private let thread: ThreadExecutor
     public nonisolated var unownedExecutor: UnownedSerialExecutor { thread.asUnownedSerialExecutor() }
     private let store: GatewayStore
     private let poster: any BatchPosting
@@ -120,7 +120,7 @@ public actor OutboxForwarder {
     ) throws {
         store = try GatewayStore(path: databasePath, clock: wallClock)
         // Started only once the store opened: an init that throws runs no deinit to stop it.
-        thread = DatabaseThread(name: "ferry-uplink")
+        thread = ThreadExecutor(name: "ferry-uplink")
         self.poster = poster
         self.configuration = configuration
         self.tokenSource = tokenSource

@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 import FerryStore
 import FerrySync
@@ -112,7 +113,7 @@ import Testing
         for notification in session.notifications { events.yield(.bytes(notification)) }
         events.yield(.linkEnded)
         #expect(events.droppedChunks == 3)
-        let thread = DatabaseThread(name: "test-session")
+        let thread = ThreadExecutor(name: "test-session")
         defer { thread.stop() }
         await LiveSessionDriver.run(runner: runner, events: events, thread: thread)
         #expect(runner.summary.framesStored == 30)
@@ -144,7 +145,7 @@ import Testing
         let events = LinkEvents()
         for notification in session.notifications { events.yield(.bytes(notification)) }
         events.yield(.linkEnded)
-        let thread = DatabaseThread(name: "test-session")
+        let thread = ThreadExecutor(name: "test-session")
         defer { thread.stop() }
         await LiveSessionDriver.run(runner: runner, events: events, thread: thread)
         #expect(runner.summary.framesStored == 60)

@@ -1,3 +1,4 @@
+import FerryCore
 import FerryProtocol
 import FerryStore
 import FerrySync
@@ -19,10 +20,10 @@ import Testing
 
     /// Records, per commit, whether it ran on the session's thread.
     final class CommitThreads: SessionMetrics, @unchecked Sendable {
-        let thread: DatabaseThread
+        let thread: ThreadExecutor
         private let lock = NSLock()
         private var onThread: [Bool] = []
-        init(thread: DatabaseThread) { self.thread = thread }
+        init(thread: ThreadExecutor) { self.thread = thread }
         func received(bytes: Int) {}
         func stored(frames: Int) {
             let current = thread.isCurrent
@@ -34,14 +35,14 @@ import Testing
     /// A session thread and a runner over a new store in its own directory, the store opened on that thread.
     final class Bench {
         let directory: URL
-        let thread: DatabaseThread
+        let thread: ThreadExecutor
         let runner: SyncSessionRunner
 
         init(_ name: String, configuration: SyncSession.Configuration, log: any LogSink = NullLogSink()) async throws {
             directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-\(name)-\(UUID().uuidString)")
             try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
             let path = directory.appendingPathComponent("ferry.sqlite").path
-            thread = DatabaseThread(name: "test-session")
+            thread = ThreadExecutor(name: "test-session")
             let store = try await withTaskExecutorPreference(thread) { try GatewayStore(path: path) }
             runner = SyncSessionRunner(
                 peripheral: PeripheralAddress("C0:FF:EE:00:00:01")!, store: store, transport: QuietLink(),

@@ -130,42 +130,10 @@ public func blocking<T: Sendable>(_ body: @escaping @Sendable () throws -> T) as
     try await runOnOwnThread(name: "test-blocking") { Result { try body() } }.get()
 }
 
-/// A task executor with one thread of its own, for the fakes' side of a test (the fake org.bluez's method calls,
-/// a test's emulated peripheral): tasks preferring it run there, so the fakes answer in time while CPU-bound
-/// suites keep the cooperative pool busy (two threads on a 2-core machine). Jobs run one at a time; none of them
-/// may block. The thread lives as long as the process: one is shared by every fake (`shared`).
-public final class FakeSideExecutor: TaskExecutor, @unchecked Sendable {
-    public static let shared = FakeSideExecutor(name: "fake-side")
-
-    private let condition = NSCondition()
-    private var jobs: [UnownedJob] = []
-    private var started = false
-
-    private init(name: String) {
-        started = startThread(name: name) { [self] in run() }
-    }
-
-    public func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        guard started else {
-            // No thread to be had: the job still runs, on the cooperative pool as before.
-            Task.detached { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
-            return
-        }
-        condition.lock()
-        jobs.append(job)
-        condition.signal()
-        condition.unlock()
-    }
-
-    private func run() {
-        while true {
-            condition.lock()
-            while jobs.isEmpty { condition.wait() }
-            let batch = jobs
-            jobs.removeAll()
-            condition.unlock()
-            for job in batch { job.runSynchronously(on: asUnownedTaskExecutor()) }
-        }
-    }
+/// The fakes' side of a test (the fake org.bluez's method calls, a test's emulated peripheral) runs on a thread of
+/// its own: tasks preferring `shared` run there, so the fakes answer in time while CPU-bound suites keep the
+/// cooperative pool busy (two threads on a 2-core machine). Jobs run one at a time; none of them may block. The
+/// thread lives as long as the process: one is shared by every fake.
+public enum FakeSideExecutor {
+    public static let shared = ThreadExecutor(name: "fake-side")
 }
