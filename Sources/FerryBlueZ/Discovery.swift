@@ -157,7 +157,7 @@ public actor BlueZDiscovery {
             break
         case .failed(let errno, let status):
             if [EPERM, EACCES, EAFNOSUPPORT].contains(errno) { kickUnavailable = true }
-            log?("bluez: cannot check \(name)'s discovery through the kernel: " + (status.map { "management status \($0)" } ?? String(cString: strerror(errno))))
+            log?("bluez: cannot check \(name)'s discovery through the kernel: " + (status.map { "management status \($0)" } ?? errnoDescription(errno)))
         }
     }
 

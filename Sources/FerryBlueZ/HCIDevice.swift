@@ -1,4 +1,5 @@
 import CBluetooth
+import FerryCore
 
 #if canImport(Glibc)
     import Glibc
@@ -20,7 +21,7 @@ public enum HCIDevice {
         public var operation: Operation
         public var errno: Int32
         public var description: String {
-            let text = String(cString: strerror(errno))
+            let text = errnoDescription(errno)
             return "taking \(device) \(operation.rawValue) through the kernel failed: \(text)"
                 + (errno == EPERM || errno == EACCES ? " (needs CAP_NET_ADMIN: see the systemd unit)" : "")
         }

@@ -24,7 +24,7 @@ enum DemoCommand {
         let events = try args.integer("--events", Int.self, default: 5000, range: 1...10_000_000)
         let seed = try args.integer("--seed", UInt64.self, default: 42)
         if mkdir(dir, 0o700) != 0 && errno != EEXIST {
-            throw CommandFailure("cannot create \(dir): \(String(cString: strerror(errno)))")
+            throw CommandFailure("cannot create \(dir): \(errnoDescription(errno))")
         }
         let capturePath = dir + "/capture.bin"
         let dbPath = dir + "/ferry.sqlite"
@@ -54,7 +54,7 @@ enum DemoCommand {
             capture += bytes
         }
         if let code = writeFile(capturePath, capture, mode: 0o600) {
-            throw CommandFailure("cannot write \(capturePath): \(String(cString: strerror(code)))")
+            throw CommandFailure("cannot write \(capturePath): \(errnoDescription(code))")
         }
 
         output.out(

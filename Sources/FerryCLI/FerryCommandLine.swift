@@ -144,7 +144,7 @@ public enum FerryCommandLine {
         } catch let error as StoreError {
             if case .needsMigration = error { throw CommandFailure(error.description) }
             if case .sqlite(let e) = error, e.resultCode == .cantopen {
-                throw CommandFailure("cannot open database \(path): \(String(cString: strerror(errno)))")
+                throw CommandFailure("cannot open database \(path): \(errnoDescription(errno))")
             }
             throw CommandFailure("database \(path): \(error)")
         }

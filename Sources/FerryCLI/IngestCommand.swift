@@ -49,7 +49,7 @@ enum IngestCommand {
         // Open the input before the database: a bad input must not leave a fresh empty store behind.
         let fd: Int32 = source == "-" ? 0 : open(source, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
-            throw CommandFailure("cannot read capture \(source): \(String(cString: strerror(errno)))")
+            throw CommandFailure("cannot read capture \(source): \(errnoDescription(errno))")
         }
         defer { if fd != 0 { close(fd) } }
         var info = stat()
@@ -70,7 +70,7 @@ enum IngestCommand {
             let count = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
             if count < 0 {
                 if errno == EINTR { continue }
-                throw CommandFailure("reading \(source): \(String(cString: strerror(errno))) (windows committed so far are kept)")
+                throw CommandFailure("reading \(source): \(errnoDescription(errno)) (windows committed so far are kept)")
             }
             if count == 0 { break }
             do {

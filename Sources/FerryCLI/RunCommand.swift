@@ -112,10 +112,10 @@ enum RunCommand {
     static func load(_ path: String, overrides args: ParsedArguments) throws -> DaemonConfiguration {
         // Bounded: --config /dev/zero (or any huge file) must end in an error, not fill the memory.
         let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw UsageError("cannot read config file \(path): \(String(cString: strerror(errno)))") }
+        guard fd >= 0 else { throw UsageError("cannot read config file \(path): \(errnoDescription(errno))") }
         defer { close(fd) }
         guard let bytes = readUpTo(fd, limit: DaemonConfiguration.maximumFileBytes + 1) else {
-            throw UsageError("cannot read config file \(path): \(String(cString: strerror(errno)))")
+            throw UsageError("cannot read config file \(path): \(errnoDescription(errno))")
         }
         guard bytes.count <= DaemonConfiguration.maximumFileBytes else {
             throw UsageError("config file \(path) is larger than \(DaemonConfiguration.maximumFileBytes) bytes")

@@ -2,6 +2,12 @@
     import Glibc
 #endif
 
+/// The C library's text for an errno value ("No such file or directory"), as Ferry's one-line errors quote it.
+/// Pass `errno` as read right after the failing call: building the rest of a message first may change it.
+public func errnoDescription(_ code: Int32) -> String {
+    String(cString: strerror(code))
+}
+
 /// Writes all of `bytes` to `fd`, again after a signal interrupts a write; nil when done, else the errno of the
 /// failure (EIO when the descriptor took nothing).
 @discardableResult

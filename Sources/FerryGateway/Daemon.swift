@@ -961,9 +961,9 @@ public enum StateDirectory {
     public static func prepare(_ path: String) throws {
         var info = stat()
         if stat(path, &info) != 0 {
-            guard errno == ENOENT else { throw ConfigError(key: "state_dir", problem: "\(path): \(errnoText())") }
+            guard errno == ENOENT else { throw ConfigError(key: "state_dir", problem: "\(path): \(errnoDescription(errno))") }
             if let code = createDirectories(path, mode: 0o700) {
-                throw ConfigError(key: "state_dir", problem: "cannot create \(path): \(String(cString: strerror(code)))")
+                throw ConfigError(key: "state_dir", problem: "cannot create \(path): \(errnoDescription(code))")
             }
             _ = chmod(path, 0o700)  // the umask may have narrowed it; never widened
             return
@@ -979,7 +979,6 @@ public enum StateDirectory {
         }
     }
 
-    private static func errnoText() -> String { String(cString: strerror(errno)) }
 }
 
 /// Why the daemon does not sync a peripheral under require_bond. Logged once per change (`description`) and

@@ -111,7 +111,7 @@ public final class MetricsHTTPServer: Sendable {
         self.handler = handler
         let family = address.isIPv6 ? AF_INET6 : AF_INET
         let fd = socket(family, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw StartError(description: "metrics_listen \(address): socket: \(Self.errnoText())") }
+        guard fd >= 0 else { throw StartError(description: "metrics_listen \(address): socket: \(errnoDescription(errno))") }
         var one: Int32 = 1
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, socklen_t(MemoryLayout<Int32>.size))
         let bytes = ListenAddress.parse(address.host, address.isIPv6) ?? []
@@ -134,13 +134,13 @@ public final class MetricsHTTPServer: Sendable {
             }
         }
         guard bound == 0, listen(fd, 16) == 0 else {
-            let why = Self.errnoText()
+            let why = errnoDescription(errno)
             close(fd)
             throw StartError(description: "metrics_listen \(address): cannot listen: \(why)")
         }
         var ends: [Int32] = [-1, -1]
         guard pipe(&ends) == 0 else {
-            let why = Self.errnoText()
+            let why = errnoDescription(errno)
             close(fd)
             throw StartError(description: "metrics_listen \(address): pipe: \(why)")
         }
@@ -349,7 +349,6 @@ public final class MetricsHTTPServer: Sendable {
 
     private static func now() -> Double { SystemMonotonicClock().now() }
 
-    private static func errnoText() -> String { String(cString: strerror(errno)) }
 }
 
 /// What the daemon serves: `/metrics` (its in-memory registry plus the store's gauges, read at scrape time

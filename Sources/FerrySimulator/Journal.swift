@@ -112,10 +112,10 @@ final class Journal {
     init(directory: URL) throws(SimulatorError) {
         path = directory.appendingPathComponent("peripheral.journal").path
         if let code = createDirectories(directory.path, mode: 0o755) {
-            throw .io("cannot create \(directory.path): \(String(cString: strerror(code)))")
+            throw .io("cannot create \(directory.path): \(errnoDescription(code))")
         }
         fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw .io("cannot open \(path): \(String(cString: strerror(errno)))") }
+        guard fd >= 0 else { throw .io("cannot open \(path): \(errnoDescription(errno))") }
     }
 
     deinit {
@@ -124,7 +124,7 @@ final class Journal {
 
     func load() throws(SimulatorError) -> [JournalRecord] {
         guard lseek(fd, 0, SEEK_SET) == 0, let bytes = readUpTo(fd, limit: Int.max) else {
-            throw .io("cannot read \(path): \(String(cString: strerror(errno)))")
+            throw .io("cannot read \(path): \(errnoDescription(errno))")
         }
         let (records, bad) = JournalRecord.decodeAll(bytes)
         if let bad { throw .corruptJournal(path: path, offset: bad) }
@@ -135,7 +135,7 @@ final class Journal {
         var bytes: [UInt8] = []
         record.encode(into: &bytes)
         if let code = writeAll(fd, bytes) {
-            throw .io("cannot append to \(path): \(String(cString: strerror(code)))")
+            throw .io("cannot append to \(path): \(errnoDescription(code))")
         }
     }
 }

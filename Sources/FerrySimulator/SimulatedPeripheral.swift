@@ -471,7 +471,7 @@ public final class SimulatedPeripheral {
     public func writeCapture(to path: String, faults captureFaults: Faults) throws(SimulatorError) {
         let bytes = captureBytes(faults: captureFaults)
         if let code = writeFile(path, bytes) {
-            throw .io("cannot write capture \(path): \(String(cString: strerror(code)))")
+            throw .io("cannot write capture \(path): \(errnoDescription(code))")
         }
     }
 

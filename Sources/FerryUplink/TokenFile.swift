@@ -47,7 +47,7 @@ public enum TokenFileError: Error, Sendable, Hashable, CustomStringConvertible {
     public var description: String {
         switch self {
         case .unreadable(let path, let code):
-            return "token file \(path): cannot read (\(String(cString: strerror(code))))"
+            return "token file \(path): cannot read (\(errnoDescription(code)))"
         case .permissionsTooOpen(let path, let mode):
             return "token file \(path): permissions 0\(String(mode & 0o777, radix: 8)) are too open; "
                 + "group and others must have no access to it (chmod 600 \(path))"

@@ -80,4 +80,12 @@ import Testing
         #expect("".trimmingWhitespace() == "")
         #expect("x: y ".split(separator: ":")[1].trimmingWhitespace() == "y")
     }
+
+    /// The errno text in Ferry's one-line errors is the C library's own, for any value (one unknown to it too).
+    @Test func errnoDescriptionIsTheCLibrarysText() {
+        #expect(errnoDescription(ENOENT) == "No such file or directory")
+        #expect(errnoDescription(EACCES) == "Permission denied")
+        #expect(errnoDescription(0) == "Success")
+        #expect(errnoDescription(99_999) == "Unknown error 99999")
+    }
 }
