@@ -1,11 +1,10 @@
 import FerryDBus
 
 /// One org.bluez.Adapter1 object (e.g. /org/bluez/hci0).
-public struct BlueZAdapter: Sendable {
+public struct BlueZAdapter: BlueZObject {
+    public static let interface = BlueZInterface.adapter
     public let path: String
     public let cache: BlueZObjectCache
-    private var connection: DBusConnection { cache.connection }
-    private var service: String { cache.serviceName }
 
     public init(path: String, cache: BlueZObjectCache) {
         self.path = path
@@ -14,11 +13,6 @@ public struct BlueZAdapter: Sendable {
 
     /// "hci0" for /org/bluez/hci0.
     public var name: String { String(path.split(separator: "/").last ?? "") }
-
-    /// Properties from the cache; nil once the adapter is gone (unplugged, bluetoothd stopped).
-    public func properties() async -> BlueZProperties? {
-        await cache.properties(path, BlueZInterface.adapter)
-    }
 
     public func isPowered() async -> Bool {
         await properties()?["Powered"]?.bool ?? false

@@ -15,20 +15,14 @@ public struct ServiceMissing: Error, CustomStringConvertible, Sendable {
 }
 
 /// One org.bluez.Device1 object.
-public struct BlueZDevice: Sendable {
+public struct BlueZDevice: BlueZObject {
+    public static let interface = BlueZInterface.device
     public let path: String
     public let cache: BlueZObjectCache
-    private var connection: DBusConnection { cache.connection }
-    private var service: String { cache.serviceName }
 
     public init(path: String, cache: BlueZObjectCache) {
         self.path = path
         self.cache = cache
-    }
-
-    /// Properties from the cache; nil when the device object does not exist (never seen, or removed).
-    public func properties() async -> BlueZProperties? {
-        await cache.properties(path, BlueZInterface.device)
     }
 
     /// Typed properties from the cache; nil when the device object does not exist.

@@ -29,19 +29,14 @@ public enum GattNotification: Sendable {
 public typealias GattNotificationSink = @Sendable (GattNotification) -> Void
 
 /// One org.bluez.GattCharacteristic1 object.
-public struct BlueZGattCharacteristic: Sendable {
+public struct BlueZGattCharacteristic: BlueZObject {
+    public static let interface = BlueZInterface.gattCharacteristic
     public let path: String
     public let cache: BlueZObjectCache
-    private var connection: DBusConnection { cache.connection }
-    private var service: String { cache.serviceName }
 
     public init(path: String, cache: BlueZObjectCache) {
         self.path = path
         self.cache = cache
-    }
-
-    public func properties() async -> BlueZProperties? {
-        await cache.properties(path, BlueZInterface.gattCharacteristic)
     }
 
     public func uuid() async -> String? { await properties()?["UUID"]?.string?.lowercased() }

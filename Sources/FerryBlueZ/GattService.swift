@@ -1,15 +1,12 @@
 /// One org.bluez.GattService1 object under a device.
-public struct BlueZGattService: Sendable {
+public struct BlueZGattService: BlueZObject {
+    public static let interface = BlueZInterface.gattService
     public let path: String
     public let cache: BlueZObjectCache
 
     public init(path: String, cache: BlueZObjectCache) {
         self.path = path
         self.cache = cache
-    }
-
-    public func properties() async -> BlueZProperties? {
-        await cache.properties(path, BlueZInterface.gattService)
     }
 
     public func uuid() async -> String? { await properties()?["UUID"]?.string?.lowercased() }
