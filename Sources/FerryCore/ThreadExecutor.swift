@@ -1,5 +1,4 @@
 import CSyscall
-import FoundationEssentials
 
 #if canImport(Glibc)
     import Glibc

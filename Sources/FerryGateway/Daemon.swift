@@ -978,7 +978,6 @@ public enum StateDirectory {
                     + "chmod 700 it: the store holds every event payload")
         }
     }
-
 }
 
 /// Why the daemon does not sync a peripheral under require_bond. Logged once per change (`description`) and

@@ -348,7 +348,6 @@ public final class MetricsHTTPServer: Sendable {
     }
 
     private static func now() -> Double { SystemMonotonicClock().now() }
-
 }
 
 /// What the daemon serves: `/metrics` (its in-memory registry plus the store's gauges, read at scrape time
