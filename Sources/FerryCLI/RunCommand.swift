@@ -111,11 +111,9 @@ enum RunCommand {
     /// The file, then the flags on top. Errors name the key (or flag) and the problem.
     static func load(_ path: String, overrides args: ParsedArguments) throws -> DaemonConfiguration {
         // Bounded: --config /dev/zero (or any huge file) must end in an error, not fill the memory.
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { throw UsageError("cannot read config file \(path): \(errnoDescription(errno))") }
-        defer { close(fd) }
-        guard let bytes = readUpTo(fd, limit: DaemonConfiguration.maximumFileBytes + 1) else {
-            throw UsageError("cannot read config file \(path): \(errnoDescription(errno))")
+        var bytes: [UInt8] = []
+        if let code = readFile(path, limit: DaemonConfiguration.maximumFileBytes + 1, into: &bytes) {
+            throw UsageError("cannot read config file \(path): \(errnoDescription(code))")
         }
         guard bytes.count <= DaemonConfiguration.maximumFileBytes else {
             throw UsageError("config file \(path) is larger than \(DaemonConfiguration.maximumFileBytes) bytes")

@@ -45,6 +45,18 @@ public func readUpTo(_ fd: Int32, limit: Int) -> [UInt8]? {
     return bytes
 }
 
+/// Reads the file at `path` from its start into `bytes`, up to `limit` bytes (a larger file is cut there: the
+/// caller that bounds it compares the count); nil when done, else the errno of the open or of a read, never
+/// overwritten by the close.
+public func readFile(_ path: String, limit: Int, into bytes: inout [UInt8]) -> Int32? {
+    let fd = open(path, O_RDONLY | O_CLOEXEC)
+    guard fd >= 0 else { return errno }
+    defer { close(fd) }
+    guard let read = readUpTo(fd, limit: limit) else { return errno }
+    bytes = read
+    return nil
+}
+
 /// Creates or truncates the file at `path` (close-on-exec, `mode` narrowed by the umask) and writes all of
 /// `bytes`, without an fsync; nil when done, else the errno. A failed write leaves no file behind.
 public func writeFile(_ path: String, _ bytes: [UInt8], mode: mode_t = 0o666) -> Int32? {

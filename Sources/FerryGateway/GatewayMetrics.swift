@@ -390,11 +390,9 @@ public struct LiveViewFile: Sendable {
     /// The view if the file exists, parses, is bounded in size, and is fresh as of `nowMillis`; nil otherwise
     /// (no daemon, or one that died without removing it).
     public func readFresh(nowMillis: Int64) -> LiveView? {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else { return nil }
-        defer { close(fd) }
         // The file is ours, but a reader still bounds what it takes in.
-        guard let bytes = readUpTo(fd, limit: 1 << 20),
+        var bytes: [UInt8] = []
+        guard readFile(path, limit: 1 << 20, into: &bytes) == nil,
             let view = try? JSONDecoder().decode(LiveView.self, from: Data(bytes))
         else { return nil }
         let age = Double(nowMillis - view.updatedAt) / 1000

@@ -60,6 +60,29 @@ import Testing
     @Test func writeFileReportsTheErrnoAndLeavesNothing() {
         #expect(writeFile("/nonexistent-dir-\(getpid())/x", [1]) == ENOENT)
     }
+
+    @Test func readFileReadsFromTheStartUpToTheLimit() throws {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-read-\(getpid())").path
+        defer { unlink(path) }
+        let bytes = (0..<100_000).map { UInt8(truncatingIfNeeded: $0 * 13) }
+        #expect(writeFile(path, bytes) == nil)
+        var read: [UInt8] = []
+        #expect(readFile(path, limit: 1 << 20, into: &read) == nil)
+        #expect(read == bytes)
+        #expect(readFile(path, limit: 10, into: &read) == nil)
+        #expect(read == Array(bytes[..<10]))
+        #expect(writeFile(path, []) == nil)
+        #expect(readFile(path, limit: 10, into: &read) == nil)
+        #expect(read.isEmpty)
+    }
+
+    @Test func readFileReportsTheErrnoOfTheOpenOrTheReadAndLeavesTheBytes() {
+        var read: [UInt8] = [7]
+        #expect(readFile("/nonexistent-dir-\(getpid())/x", limit: 10, into: &read) == ENOENT)
+        // A directory opens for reading; its read fails.
+        #expect(readFile(FileManager.default.temporaryDirectory.path, limit: 10, into: &read) == EISDIR)
+        #expect(read == [7])
+    }
 }
 
 @Suite struct TextTests {
