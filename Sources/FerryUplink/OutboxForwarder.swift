@@ -242,8 +242,9 @@ public actor OutboxForwarder {
     }
 
     static let bootID: String = {
-        let text = (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? ""
-        return text.trimmingWhitespace()
+        var bytes: [UInt8] = []  // stays empty where the file cannot be read
+        _ = readFile("/proc/sys/kernel/random/boot_id", limit: 64, into: &bytes)
+        return String(decoding: bytes, as: UTF8.self).trimmingWhitespace()
     }()
 
     /// kill(pid, 0): ESRCH means gone; EPERM means alive under another user.

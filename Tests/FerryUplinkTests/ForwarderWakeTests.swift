@@ -129,3 +129,13 @@ import Testing
         #expect(try await Self.eventually(within: 60) { try forwarder.store.undeliveredCount() == 0 })
     }
 }
+
+/// The lease records the kernel's boot id, so that a pid left over from before a reboot is not taken for a
+/// live forwarder.
+@Suite struct ForwarderBootIDTests {
+    @Test func bootIDIsTheKernelsTrimmed() throws {
+        let kernel = try String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)
+        #expect(OutboxForwarder.bootID == kernel.trimmingCharacters(in: .whitespacesAndNewlines))
+        #expect(OutboxForwarder.bootID.count == 36)
+    }
+}
