@@ -2,6 +2,27 @@
 // Ferry: a BLE central gateway for Linux/BlueZ. One module per concern; see README.md.
 import PackageDescription
 
+/// libdbus from Debian's libdbus-1-dev, linked as its static archive. The shared libdbus-1.so.3 links libsystemd
+/// (for a bus server's socket activation, which a client never uses), and with it six more libraries (libgcrypt,
+/// liblzma, libzstd, liblz4, libcap, libgpg-error) that every start of `ferry` had to map and relocate: in the
+/// test bed that was a third of `ferry --version`'s CPU. FerryDBus defines the two libsystemd functions the archive
+/// refers to (DBusSystemdStubs.swift). The headers' paths are what `pkg-config --cflags dbus-1` gives on Debian.
+let staticDBus: (swift: [SwiftSetting], linker: [LinkerSetting]) = {
+    #if arch(x86_64)
+        let multiarch = "x86_64-linux-gnu"
+    #elseif arch(arm64)
+        let multiarch = "aarch64-linux-gnu"
+    #elseif arch(arm)
+        let multiarch = "arm-linux-gnueabihf"
+    #else
+        let multiarch = "unknown"
+    #endif
+    return (
+        [.unsafeFlags(["-Xcc", "-I/usr/include/dbus-1.0", "-Xcc", "-I/usr/lib/\(multiarch)/dbus-1.0/include"])],
+        [.unsafeFlags(["-Xlinker", "-l:libdbus-1.a"])]
+    )
+}()
+
 let package = Package(
     name: "Ferry",
     platforms: [.macOS(.v14)],
@@ -21,8 +42,10 @@ let package = Package(
         .systemLibrary(
             name: "CZlib", path: "Sources/CZlib", pkgConfig: "zlib",
             providers: [.apt(["zlib1g-dev"])]),
+        // libdbus is linked statically (see `staticDBus` below), so no pkgConfig here: its --libs would link the
+        // shared library as well.
         .systemLibrary(
-            name: "CDBus", path: "Sources/CDBus", pkgConfig: "dbus-1",
+            name: "CDBus", path: "Sources/CDBus",
             providers: [.apt(["libdbus-1-dev"])]),
         // libbluetooth's headers only (HCI and mgmt socket constants and structs): no function of the library is
         // called, so it is not linked, and a start of ferry loads one shared library fewer.
@@ -43,7 +66,9 @@ let package = Package(
         // Outbox forwarder to the backend over HTTP(S).
         .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
         // libdbus bindings: connection, marshalling, signals.
-        .target(name: "FerryDBus", dependencies: ["FerryCore", "CDBus"]),
+        .target(
+            name: "FerryDBus", dependencies: ["FerryCore", "CDBus"], swiftSettings: staticDBus.swift,
+            linkerSettings: staticDBus.linker),
         // BlueZ client over D-Bus: adapter, device, GATT.
         .target(name: "FerryBlueZ", dependencies: ["FerryCore", "FerryDBus", "CBluetooth"]),
         // BLE-agnostic sync: the session runner over any SyncTransport, its typed end, the live session loop,

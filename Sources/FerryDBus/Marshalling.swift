@@ -1,4 +1,4 @@
-import CDBus
+internal import CDBus
 
 // Conversion between DBusValue and libdbus messages. Used only on the connection thread.
 //

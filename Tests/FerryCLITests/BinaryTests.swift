@@ -59,8 +59,9 @@ import Testing
     }
 
     /// libcurl is loaded at the uplink's first request, not at every start: linked, it brought ~30 libraries the
-    /// dynamic loader relocated before any command ran (half of ferry's start-up instructions).
-    @Test func startingLoadsNoCurlOrItsTLSStack() async throws {
+    /// dynamic loader relocated before any command ran (half of ferry's start-up instructions). libdbus is linked
+    /// from its static archive: the shared one brings libsystemd and its compression and crypto libraries.
+    @Test func startingLoadsNoCurlOrItsTLSStackOrSystemd() async throws {
         let executable = try Self.executable()
         let listed = try await blocking { () throws -> String in
             let process = Process()
@@ -78,6 +79,7 @@ import Testing
         #expect(listed.contains("libsqlite3"), "the listing is the loader's: \(listed)")
         #expect(!listed.contains("libcurl"), "\(listed)")
         #expect(!listed.contains("libssl") && !listed.contains("libgnutls"), "\(listed)")
+        #expect(!listed.contains("libdbus") && !listed.contains("libsystemd") && !listed.contains("libgcrypt"), "\(listed)")
     }
 
     /// A process opted out of transparent huge pages says so in its status (Linux 5.0+): the first touch of each
