@@ -5,7 +5,7 @@ import PackageDescription
 /// libdbus from Debian's libdbus-1-dev, linked as its static archive. The shared libdbus-1.so.3 links libsystemd
 /// (for a bus server's socket activation, which a client never uses), and with it six more libraries (libgcrypt,
 /// liblzma, libzstd, liblz4, libcap, libgpg-error) that every start of `ferry` had to map and relocate: in the
-/// test bed that was a third of `ferry --version`'s CPU. FerryDBus defines the two libsystemd functions the archive
+/// test bed that was some 30 % of `ferry --version`'s CPU. FerryDBus defines the two libsystemd functions the archive
 /// refers to (DBusSystemdStubs.swift). The headers' paths are what `pkg-config --cflags dbus-1` gives on Debian.
 let staticDBus: (swift: [SwiftSetting], linker: [LinkerSetting]) = {
     #if arch(x86_64)
@@ -42,7 +42,7 @@ let package = Package(
         .systemLibrary(
             name: "CZlib", path: "Sources/CZlib", pkgConfig: "zlib",
             providers: [.apt(["zlib1g-dev"])]),
-        // libdbus is linked statically (see `staticDBus` below), so no pkgConfig here: its --libs would link the
+        // libdbus is linked statically (see `staticDBus` above), so no pkgConfig here: its --libs would link the
         // shared library as well.
         .systemLibrary(
             name: "CDBus", path: "Sources/CDBus",
