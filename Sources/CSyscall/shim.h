@@ -2,12 +2,14 @@
 #define FERRY_CSYSCALL_SHIM_H
 #include <linux/futex.h>
 #include <stdint.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-/* System calls Swift cannot make itself: syscall() and prctl() are variadic. */
+/* System calls Swift cannot make itself: syscall() and prctl() are variadic, and Glibc's module has no
+   sys/eventfd.h (ThreadExecutor's wake-up while it polls a watched descriptor). */
 
 /* The kernel's futex, for ThreadExecutor's sleep: a thread woken from pthread_cond_wait takes its mutex back
    marked "contended" (glibc), so its next unlock is one more system call (FUTEX_WAKE) although nobody waits:

@@ -1,3 +1,4 @@
+import FerryCore
 import FerryDBus
 
 /// How a write is acknowledged on the air: `request` waits for the peripheral's ATT response,
@@ -114,15 +115,22 @@ public struct BlueZGattCharacteristic: BlueZObject {
 
     /// Subscribes to notifications, preferring `method` and falling back to the other path:
     /// AcquireNotify → StartNotify when AcquireNotify is refused, unsupported, or does not answer.
-    /// With `deliver`, notifications go to it (see `GattNotificationSink`) and the result's `values` is empty.
+    /// With `deliver`, notifications go to it (see `GattNotificationSink`) and the result's `values` is empty; with
+    /// `readingOn` as well, an acquired socket is read by that thread (the session's, which `deliver` feeds) between
+    /// its other work instead of by a thread of its own.
     public func subscribe(
         preferring method: GattNotifyMethod = .acquireNotify, acquireTimeout: Duration = .seconds(5),
-        log: DBusLogSink? = nil, deliver: GattNotificationSink? = nil
+        log: DBusLogSink? = nil, deliver: GattNotificationSink? = nil, readingOn thread: ThreadExecutor? = nil
     ) async throws -> BlueZNotifications {
         if method == .acquireNotify {
             do {
                 let (fd, mtu) = try await acquireNotify(timeout: acquireTimeout)
-                let reader = try NotificationSocketReader(fd: fd, mtu: Int(mtu), deliver: deliver)
+                let reader =
+                    if let deliver, let thread {
+                        try NotificationSocketReader(fd: fd, mtu: Int(mtu), deliver: deliver, on: thread)
+                    } else {
+                        try NotificationSocketReader(fd: fd, mtu: Int(mtu), deliver: deliver)
+                    }
                 return BlueZNotifications(method: .acquireNotify, mtu: mtu, values: reader.values) {
                     reader.stop()
                 }

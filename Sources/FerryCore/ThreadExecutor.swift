@@ -12,7 +12,8 @@ import CSyscall
 /// executor (`withTaskExecutorPreference`) runs its nonisolated code here (a sync session, with its store).
 ///
 /// It also keeps one timer for the work confined to it (`setTimer`: a live session's next deadline), waited for in
-/// the same sleep as the jobs.
+/// the same sleep as the jobs, and can watch one descriptor (`watch`: a live session's notification socket), read
+/// on this thread when it is readable instead of by a thread of its own that would wake this one for every read.
 ///
 /// The two roles are two executor objects on one queue: a job an actor enqueues runs isolated to the serial one;
 /// a job of a task that prefers the thread runs on the task executor, not isolated to anything. Running the
@@ -39,6 +40,19 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     /// waited for.
     private var timer: (deadline: Int, generation: UInt64, action: @Sendable () -> Void)?
     private var timerGeneration: UInt64 = 0
+    /// `watch`'s descriptor and handler; `generation` tells a replaced watch from the one polled.
+    private var watched: (fd: Int32, generation: UInt64, handler: @Sendable () -> Bool)?
+    private var watchGeneration: UInt64 = 0
+    /// Closures to run on the thread between jobs (`endWatch`'s clean-up).
+    private var calls: [@Sendable () -> Void] = []
+    /// While a descriptor is watched the thread sleeps in poll(), which cannot wait on the futex word: work handed
+    /// to it writes this eventfd instead. Created at the first watch.
+    private var pollWake: Int32 = -1
+    private var sleepingInPoll = false
+    /// When the watched descriptor was last polled (CLOCK_MONOTONIC ns): a thread kept busy by jobs still looks at
+    /// it every `watchCheckInterval`.
+    private var lastWatchCheck = 0
+    private static let watchCheckInterval = 10_000_000
 
     /// The serial role: enqueues on the same thread, marked isolated. Unowned back-reference: the thread owns it.
     private final class Serial: SerialExecutor, @unchecked Sendable {
@@ -59,6 +73,7 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     }
 
     deinit {
+        if pollWake >= 0 { _ = close(pollWake) }
         wakeWord.deallocate()
         pthread_mutex_destroy(mutex)
         mutex.deinitialize(count: 1)
@@ -88,12 +103,22 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     /// after the unlock, so the thread does not wake into a held mutex.
     private func unlockWakingTheThread() {
         let wake = sleeping
+        let inPoll = sleepingInPoll
         if wake {
             sleeping = false
+            sleepingInPoll = false
             wakeWord.pointee &+= 1
         }
+        let pollWake = self.pollWake
         pthread_mutex_unlock(mutex)
-        if wake { ferry_futex_wake_one(wakeWord) }
+        guard wake else { return }
+        if inPoll {
+            // The counter stays set until the thread reads it: a write before its poll() begins is not lost.
+            var one: UInt64 = 1
+            _ = write(pollWake, &one, 8)
+        } else {
+            ferry_futex_wake_one(wakeWord)
+        }
     }
 
     /// For an actor that keeps its state on this thread (`unownedExecutor`).
@@ -132,6 +157,61 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
         unlockWakingTheThread()
     }
 
+    /// From now on the thread also waits for `fd` to be readable (or hung up) and then calls `handler` on this
+    /// thread, between jobs; even a thread kept busy by jobs polls it every 10 ms. The watch ends when `handler`
+    /// returns false or at `endWatch`; a new watch replaces the one before. The caller keeps owning `fd`: it must
+    /// stay open until the watch has ended (close it in `endWatch`'s `then`). Returns the watch's token, or nil
+    /// when the thread has ended or cannot poll (no eventfd): the caller reads the descriptor some other way.
+    public func watch(_ fd: Int32, _ handler: @escaping @Sendable () -> Bool) -> UInt64? {
+        pthread_mutex_lock(mutex)
+        if pollWake < 0 { pollWake = eventfd(0, Int32(EFD_CLOEXEC | EFD_NONBLOCK)) }
+        guard !exited, !stopping, pollWake >= 0 else {
+            pthread_mutex_unlock(mutex)
+            return nil
+        }
+        watchGeneration &+= 1
+        watched = (fd, watchGeneration, handler)
+        let token = watchGeneration
+        // A thread asleep on the futex must start polling the descriptor.
+        unlockWakingTheThread()
+        return token
+    }
+
+    /// Ends the watch `token` (if it is still the current one) and runs `then` on the thread after any handler
+    /// call in progress, or here if the thread has ended: from `then` on, the thread no longer touches the
+    /// descriptor, so `then` may close it.
+    public func endWatch(_ token: UInt64, then: @escaping @Sendable () -> Void) {
+        pthread_mutex_lock(mutex)
+        if watched?.generation == token { watched = nil }
+        if exited {
+            pthread_mutex_unlock(mutex)
+            then()
+            return
+        }
+        calls.append(then)
+        unlockWakingTheThread()
+    }
+
+    /// poll() on the watched descriptor and the wake-up eventfd, until `deadline` (CLOCK_MONOTONIC ns; nil: none)
+    /// or 0 for a look without waiting. Called without `mutex`. Returns whether `fd` is readable.
+    private func pollWatched(_ fd: Int32, until deadline: Int?, wait: Bool) -> Bool {
+        var timeout: Int32 = -1
+        if !wait {
+            timeout = 0
+        } else if let deadline {
+            // Rounded up: waking a little late is fine, early would only loop back here.
+            let remaining = max(0, deadline - monotonicNanoseconds())
+            timeout = Int32(min((remaining + 999_999) / 1_000_000, Int(Int32.max)))
+        }
+        var fds = [pollfd(fd: pollWake, events: Int16(POLLIN), revents: 0), pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
+        let ready = poll(&fds, 2, timeout)
+        if ready > 0, fds[0].revents != 0 {
+            var count: UInt64 = 0
+            _ = read(pollWake, &count, 8)
+        }
+        return ready > 0 && fds[1].revents != 0
+    }
+
     private func run() {
         pthread_mutex_lock(mutex)
         threadID = pthread_self()
@@ -144,9 +224,34 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
                 fired = t.action
                 timer = nil
             }
-            while jobs.isEmpty && !stopping && fired == nil {
+            var readable: (generation: UInt64, handler: @Sendable () -> Bool)?
+            if !jobs.isEmpty, let w = watched, monotonicNanoseconds() - lastWatchCheck >= Self.watchCheckInterval {
+                // Busy with jobs: the watched descriptor is still read, or its peer's data would wait in the
+                // kernel until the queue ran dry.
+                lastWatchCheck = monotonicNanoseconds()
+                pthread_mutex_unlock(mutex)
+                let ready = pollWatched(w.fd, until: nil, wait: false)
+                pthread_mutex_lock(mutex)
+                if ready, watched?.generation == w.generation { readable = (w.generation, w.handler) }
+            }
+            while jobs.isEmpty && calls.isEmpty && !stopping && fired == nil && readable == nil {
                 let t = timer
                 sleeping = true
+                if let w = watched {
+                    sleepingInPoll = true
+                    pthread_mutex_unlock(mutex)
+                    let ready = pollWatched(w.fd, until: t?.deadline, wait: true)
+                    pthread_mutex_lock(mutex)
+                    sleeping = false
+                    sleepingInPoll = false
+                    lastWatchCheck = monotonicNanoseconds()
+                    if ready, watched?.generation == w.generation { readable = (w.generation, w.handler) }
+                    if let t, timer?.generation == t.generation, lastWatchCheck >= t.deadline {
+                        fired = t.action
+                        timer = nil
+                    }
+                    continue
+                }
                 let seen = wakeWord.pointee
                 pthread_mutex_unlock(mutex)
                 // Deadlines are CLOCK_MONOTONIC, like the session's: a wall-clock step (NTP after days offline)
@@ -165,14 +270,17 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
                     timer = nil
                 }
             }
-            if jobs.isEmpty && fired == nil {  // stopping, nothing left
+            if jobs.isEmpty && calls.isEmpty && fired == nil && readable == nil {  // stopping, nothing left
                 exited = true
                 timer = nil
+                watched = nil
                 pthread_mutex_unlock(mutex)
                 return
             }
             let batch = jobs
             jobs.removeAll(keepingCapacity: true)
+            let callBatch = calls
+            calls.removeAll()
             pthread_mutex_unlock(mutex)
             for (job, isolated) in batch {
                 if isolated {
@@ -181,6 +289,12 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
                     job.runSynchronously(on: asUnownedTaskExecutor())
                 }
             }
+            if let readable, !readable.handler() {
+                pthread_mutex_lock(mutex)
+                if watched?.generation == readable.generation { watched = nil }
+                pthread_mutex_unlock(mutex)
+            }
+            for call in callBatch { call() }
             fired?()
         }
     }

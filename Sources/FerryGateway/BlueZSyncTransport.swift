@@ -1,3 +1,4 @@
+import FerryCore
 import FerryBlueZ
 import FerryDBus
 import FerryProtocol
@@ -17,6 +18,8 @@ public final class BlueZSyncTransport: SyncTransport {
     private let streamInfo: BlueZGattCharacteristic?
     private let events: LinkEvents
     private let preferredNotify: GattNotifyMethod
+    /// The session's thread, which reads an acquired notification socket itself (nil: a reader thread does).
+    private let readingThread: ThreadExecutor?
     private let log: any LogSink
     private var notifications: BlueZNotifications?
     public private(set) var notifyMethod: GattNotifyMethod?
@@ -81,11 +84,12 @@ public final class BlueZSyncTransport: SyncTransport {
     /// Finds the Sync characteristics under `service`. Throws `.notFound` if DATA or CONTROL is missing.
     public init(
         device: BlueZDevice, service: BlueZGattService, events: LinkEvents,
-        preferredNotify: GattNotifyMethod = .acquireNotify, log: any LogSink
+        preferredNotify: GattNotifyMethod = .acquireNotify, readingOn thread: ThreadExecutor? = nil, log: any LogSink
     ) async throws {
         self.device = device
         self.service = service
         self.events = events
+        self.readingThread = thread
         self.preferredNotify = preferredNotify
         self.log = log
         data = try await service.requireCharacteristic(uuid: SyncProfile.dataUUID)
@@ -133,9 +137,13 @@ public final class BlueZSyncTransport: SyncTransport {
         let preferred = self.preferredNotify
         let log = self.log
         let events = self.events
+        let thread = self.readingThread
         pending = Task {
-            try await BlueZSyncTransport.open(data: data, control: control, preferring: preferred, log: log) {
-                // On the notification reader's thread, straight into the session's queue (no task in between).
+            try await BlueZSyncTransport.open(
+                data: data, control: control, preferring: preferred, readingOn: thread, log: log
+            ) {
+                // On the thread that reads the notifications (the session's own, given one), straight into the
+                // session's queue (no task in between).
                 // Anything read before the session's subscribe() returns waits in that queue, as it waited in
                 // the subscription's own stream before.
                 switch $0 {
@@ -256,11 +264,11 @@ public final class BlueZSyncTransport: SyncTransport {
     /// The ACK path is read off CONTROL's flags alongside the subscription (two D-Bus calls in flight at once).
     private static func open(
         data: BlueZGattCharacteristic, control: BlueZGattCharacteristic, preferring method: GattNotifyMethod,
-        log: any LogSink, deliver: @escaping GattNotificationSink
+        readingOn thread: ThreadExecutor?, log: any LogSink, deliver: @escaping GattNotificationSink
     ) async throws -> Subscription {
         async let flags = control.flags()
         let notifications = try await data.subscribe(
-            preferring: method, log: { log.log(.info, $0) }, deliver: deliver)
+            preferring: method, log: { log.log(.info, $0) }, deliver: deliver, readingOn: thread)
         let ackWrite: AckWritePath = await flags.contains("write-without-response") ? .writeCommand : .writeRequest
         return Subscription(notifications: notifications, ackWrite: ackWrite)
     }

@@ -13,6 +13,14 @@ import FerrySync
 /// event queue with the daemon between `open` and `run`) and how each words a failure: `Failure` is typed so
 /// each says it its own way (a log line and a scheduler outcome, or a one-line error and an exit status).
 public struct SessionWorker: Sendable {
+    /// Largest window for which the session's own thread reads the notification socket (between commits) rather
+    /// than a reader thread that hands each notification over. While the thread commits, notifications wait in the
+    /// socket, and bluetoothd drops what does not fit (its end is non-blocking; some 160 full-MTU notifications
+    /// fit the default 208 KiB): everything a window lets the peripheral send unacknowledged must fit, even at one
+    /// frame per notification. A larger (pipelined) window keeps the reader thread, which drains the socket into
+    /// the session's 4 MiB queue while a commit runs.
+    static let maxWindowReadOnSessionThread: UInt16 = 64
+
     public struct Settings: Sendable {
         public var address: PeripheralAddress
         public var databasePath: String
@@ -169,6 +177,7 @@ public struct SessionWorker: Sendable {
             store = try await withTaskExecutorPreference(thread) { try opened?.take() ?? GatewayStore(path: path) }
             transport = try await BlueZSyncTransport(
                 device: device, service: service, events: events, preferredNotify: settings.preferredNotify,
+                readingOn: settings.configuration.window <= Self.maxWindowReadOnSessionThread ? thread : nil,
                 log: sink)
         } catch {
             thread.stop()

@@ -1,4 +1,5 @@
 import FerryBlueZ
+import FerryCore
 import FerryDBus
 import FerryGateway
 import FerryProtocol
@@ -18,7 +19,7 @@ import FerryFakeBlueZ
     }
 
     private func transportWithEvents(
-        _ bus: TestBus, controlFlags: [String]
+        _ bus: TestBus, controlFlags: [String], readingOn thread: ThreadExecutor? = nil
     ) async throws -> (FakeBlueZ, BlueZSyncTransport, LinkEvents) {
         var tree = FakeBlueZ.adapterOnly()
         tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true, resolved: true)
@@ -31,13 +32,18 @@ import FerryFakeBlueZ
             serviceUUID: SyncProfile.serviceUUID, characteristicUUIDs: [SyncProfile.dataUUID])
         let events = LinkEvents()
         let transport = try await BlueZSyncTransport(
-            device: device, service: service, events: events, log: NullLogSink())
+            device: device, service: service, events: events, readingOn: thread, log: NullLogSink())
         return (fake, transport, events)
     }
 
-    @Test func notificationsReachTheSessionQueueInOrderThenTheLinkEnd() async throws {
+    /// Read by a reader thread of its own, or by the session's thread between its jobs (what SessionWorker does).
+    @Test(arguments: [false, true])
+    func notificationsReachTheSessionQueueInOrderThenTheLinkEnd(readOnSessionThread: Bool) async throws {
         let bus = try TestBus()
-        let (fake, transport, events) = try await transportWithEvents(bus, controlFlags: ["write", "write-without-response"])
+        let thread = readOnSessionThread ? ThreadExecutor(name: "test-session") : nil
+        defer { thread?.stop() }
+        let (fake, transport, events) = try await transportWithEvents(
+            bus, controlFlags: ["write", "write-without-response"], readingOn: thread)
         defer { fake.stop() }
         try await transport.subscribe()
         #expect(transport.notifyMethod == .acquireNotify)
