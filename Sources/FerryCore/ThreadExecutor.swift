@@ -49,8 +49,8 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     /// to it writes this eventfd instead. Created at the first watch.
     private var pollWake: Int32 = -1
     private var sleepingInPoll = false
-    /// When the watched descriptor was last polled (CLOCK_MONOTONIC ns): a thread kept busy by jobs still looks at
-    /// it every `watchCheckInterval`.
+    /// When the watched descriptor was last polled (coarse CLOCK_MONOTONIC ns): a thread kept busy by jobs still
+    /// looks at it every `watchCheckInterval`.
     private var lastWatchCheck = 0
     private static let watchCheckInterval = 10_000_000
 
@@ -193,23 +193,29 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     }
 
     /// poll() on the watched descriptor and the wake-up eventfd, until `deadline` (CLOCK_MONOTONIC ns; nil: none)
-    /// or 0 for a look without waiting. Called without `mutex`. Returns whether `fd` is readable.
-    private func pollWatched(_ fd: Int32, until deadline: Int?, wait: Bool) -> Bool {
+    /// or not at all (`wait` false: a look without waiting). Called without `mutex`. Returns whether `fd` is
+    /// readable, and whether the wait ran out (then `deadline` has passed).
+    private func pollWatched(_ fd: Int32, until deadline: Int?, wait: Bool) -> (readable: Bool, timedOut: Bool) {
         var timeout: Int32 = -1
         if !wait {
             timeout = 0
         } else if let deadline {
-            // Rounded up: waking a little late is fine, early would only loop back here.
-            let remaining = max(0, deadline - monotonicNanoseconds())
+            // From the coarse clock, which is behind if anything, and rounded up: the wait ends at the deadline or
+            // a few ms after it, never before.
+            let remaining = max(0, deadline - coarseMonotonicNanoseconds())
             timeout = Int32(min((remaining + 999_999) / 1_000_000, Int(Int32.max)))
         }
-        var fds = [pollfd(fd: pollWake, events: Int16(POLLIN), revents: 0), pollfd(fd: fd, events: Int16(POLLIN), revents: 0)]
-        let ready = poll(&fds, 2, timeout)
-        if ready > 0, fds[0].revents != 0 {
+        var fds = (
+            pollfd(fd: pollWake, events: Int16(POLLIN), revents: 0), pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        )
+        let ready = withUnsafeMutableBytes(of: &fds) {
+            poll($0.baseAddress?.assumingMemoryBound(to: pollfd.self), 2, timeout)
+        }
+        if ready > 0, fds.0.revents != 0 {
             var count: UInt64 = 0
             _ = read(pollWake, &count, 8)
         }
-        return ready > 0 && fds[1].revents != 0
+        return (ready > 0 && fds.1.revents != 0, ready == 0 && wait && deadline != nil)
     }
 
     private func run() {
@@ -219,18 +225,20 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
         while true {
             pthread_mutex_lock(mutex)
             var fired: (@Sendable () -> Void)?
-            if !jobs.isEmpty, let t = timer, monotonicNanoseconds() >= t.deadline {
+            if !jobs.isEmpty, let t = timer, coarseMonotonicNanoseconds() >= t.deadline {
                 // Busy with jobs: a due timer still runs after this batch, not only once the queue runs dry.
                 fired = t.action
                 timer = nil
             }
             var readable: (generation: UInt64, handler: @Sendable () -> Bool)?
-            if !jobs.isEmpty, let w = watched, monotonicNanoseconds() - lastWatchCheck >= Self.watchCheckInterval {
+            if !jobs.isEmpty, let w = watched,
+                coarseMonotonicNanoseconds() - lastWatchCheck >= Self.watchCheckInterval
+            {
                 // Busy with jobs: the watched descriptor is still read, or its peer's data would wait in the
                 // kernel until the queue ran dry.
-                lastWatchCheck = monotonicNanoseconds()
+                lastWatchCheck = coarseMonotonicNanoseconds()
                 pthread_mutex_unlock(mutex)
-                let ready = pollWatched(w.fd, until: nil, wait: false)
+                let ready = pollWatched(w.fd, until: nil, wait: false).readable
                 pthread_mutex_lock(mutex)
                 if ready, watched?.generation == w.generation { readable = (w.generation, w.handler) }
             }
@@ -240,13 +248,13 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
                 if let w = watched {
                     sleepingInPoll = true
                     pthread_mutex_unlock(mutex)
-                    let ready = pollWatched(w.fd, until: t?.deadline, wait: true)
+                    let polled = pollWatched(w.fd, until: t?.deadline, wait: true)
                     pthread_mutex_lock(mutex)
                     sleeping = false
                     sleepingInPoll = false
-                    lastWatchCheck = monotonicNanoseconds()
-                    if ready, watched?.generation == w.generation { readable = (w.generation, w.handler) }
-                    if let t, timer?.generation == t.generation, lastWatchCheck >= t.deadline {
+                    lastWatchCheck = coarseMonotonicNanoseconds()
+                    if polled.readable, watched?.generation == w.generation { readable = (w.generation, w.handler) }
+                    if let t, timer?.generation == t.generation, polled.timedOut || lastWatchCheck >= t.deadline {
                         fired = t.action
                         timer = nil
                     }

@@ -34,6 +34,17 @@ import Testing
         var all: [(label: String, onThread: Bool, at: ContinuousClock.Instant)] { lock.withLock { fired } }
     }
 
+    /// The loop's coarse clock is CLOCK_MONOTONIC as of the last tick: never ahead of it (a deadline read from it
+    /// is never early) and not far behind.
+    @Test func theCoarseClockIsTheMonotonicOneAFewMillisecondsBehindAtMost() {
+        for _ in 0..<100 {
+            let coarse = coarseMonotonicNanoseconds()
+            let fine = monotonicNanoseconds()
+            #expect(coarse <= fine)
+            #expect(fine - coarse < 50_000_000, "\(fine - coarse) ns behind")
+        }
+    }
+
     @Test func theTimerFiresOnTheThreadAfterItsDelayAndOnlyTheLatestOne() async throws {
         let thread = ThreadExecutor(name: "test-timer")
         defer { thread.stop() }
