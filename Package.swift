@@ -30,9 +30,13 @@ let package = Package(
         .executable(name: "ferry", targets: ["ferry"]),
     ],
     targets: [
-        // C libraries from Debian, as system library targets.
+        // C libraries from Debian, as system library targets. SQLite and zlib are linked from their static archives
+        // (libsqlite3-dev's and zlib1g-dev's, set on FerryStore and FerryUplink): two shared libraries fewer to find,
+        // map and relocate at every start (`ferry --version` 4.0 M -> 2.8 M instructions), and SQLite's calls to
+        // its own API go direct instead of through the PLT (a window commit some 1.6 % fewer instructions). No
+        // pkgConfig: its --libs would put the shared libraries on the link line as well.
         .systemLibrary(
-            name: "CSQLite", path: "Sources/CSQLite", pkgConfig: "sqlite3",
+            name: "CSQLite", path: "Sources/CSQLite",
             providers: [.apt(["libsqlite3-dev"])]),
         // libcurl's headers only: the library is loaded at first use (dlopen, see Sources/CCurl/shim.h), so
         // no pkgConfig here, whose --libs would link it (and its dependencies) into every start of ferry.
@@ -40,7 +44,7 @@ let package = Package(
             name: "CCurl", path: "Sources/CCurl",
             providers: [.apt(["libcurl4-openssl-dev"])]),
         .systemLibrary(
-            name: "CZlib", path: "Sources/CZlib", pkgConfig: "zlib",
+            name: "CZlib", path: "Sources/CZlib",
             providers: [.apt(["zlib1g-dev"])]),
         // libdbus is linked statically (see `staticDBus` above), so no pkgConfig here: its --libs would link the
         // shared library as well.
@@ -62,9 +66,13 @@ let package = Package(
         // Pure protocol logic: frames, CRC, STREAM_INFO, the sync session state machine. No I/O, no C.
         .target(name: "FerryProtocol"),
         // Durable store over SQLite: staged frames, transactional outbox, cursors.
-        .target(name: "FerryStore", dependencies: ["CSQLite", "FerryCore", "FerryProtocol"]),
+        .target(
+            name: "FerryStore", dependencies: ["CSQLite", "FerryCore", "FerryProtocol"],
+            linkerSettings: [.unsafeFlags(["-Xlinker", "-l:libsqlite3.a"])]),
         // Outbox forwarder to the backend over HTTP(S).
-        .target(name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"]),
+        .target(
+            name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"],
+            linkerSettings: [.unsafeFlags(["-Xlinker", "-l:libz.a"])]),
         // libdbus bindings: connection, marshalling, signals.
         .target(
             name: "FerryDBus", dependencies: ["FerryCore", "CDBus"], swiftSettings: staticDBus.swift,
