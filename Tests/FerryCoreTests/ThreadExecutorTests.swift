@@ -161,6 +161,14 @@ import Testing
         }
     }
 
+    /// A thread watching a fresh socket pair with a draining handler; the watch's token (nil: refused).
+    static func watching() throws -> (ThreadExecutor, SocketPair, Reads, token: UInt64?) {
+        let thread = ThreadExecutor(name: "test-watch")
+        let pair = try SocketPair()
+        let reads = Reads()
+        return (thread, pair, reads, thread.watch(pair.ours, draining(pair, into: reads, thread: thread)))
+    }
+
     static func waitUntil(_ seconds: Double = 5, _ condition: () -> Bool) async throws {
         let end = ContinuousClock.now + .seconds(seconds)
         while !condition() && ContinuousClock.now < end { try await Task.sleep(for: .milliseconds(5)) }
@@ -169,11 +177,8 @@ import Testing
     /// A live session's notification socket is read by the session's thread while it has nothing else to do, in
     /// the order sent; at end of file the handler ends the watch.
     @Test func aWatchedDescriptorIsReadOnTheThreadInOrderUntilItsEnd() async throws {
-        let thread = ThreadExecutor(name: "test-watch")
+        let (thread, pair, reads, token) = try Self.watching()
         defer { thread.stop() }
-        let pair = try SocketPair()
-        let reads = Reads()
-        let token = thread.watch(pair.ours, Self.draining(pair, into: reads, thread: thread))
         #expect(token != nil)
         for i in 0..<50 { pair.send([UInt8(i), 0xAA]) }
         try await Self.waitUntil { reads.all.count == 50 }
@@ -188,11 +193,8 @@ import Testing
 
     /// The thread sleeps in poll() while watching: a job, a timer and the descriptor each wake it.
     @Test func jobsAndTheTimerStillWakeAThreadThatWatches() async throws {
-        let thread = ThreadExecutor(name: "test-watch")
+        let (thread, pair, reads, _) = try Self.watching()
         defer { thread.stop() }
-        let pair = try SocketPair()
-        let reads = Reads()
-        _ = thread.watch(pair.ours, Self.draining(pair, into: reads, thread: thread))
         try await Task.sleep(for: .milliseconds(50))  // asleep in poll()
         for _ in 0..<20 {
             #expect(await Task(executorPreference: thread) { thread.isCurrent }.value)
@@ -212,11 +214,8 @@ import Testing
     /// A thread kept busy by jobs still reads its watched descriptor (within some 10 ms), instead of leaving the
     /// peer's messages in the kernel until the queue runs dry.
     @Test func aBusyThreadStillReadsItsWatchedDescriptor() async throws {
-        let thread = ThreadExecutor(name: "test-watch")
+        let (thread, pair, reads, _) = try Self.watching()
         defer { thread.stop() }
-        let pair = try SocketPair()
-        let reads = Reads()
-        _ = thread.watch(pair.ours, Self.draining(pair, into: reads, thread: thread))
         let sent = await withTaskExecutorPreference(thread) { () -> Bool in
             pair.send([7])
             let end = ContinuousClock.now + .seconds(3)
@@ -232,10 +231,8 @@ import Testing
     /// Ending a watch: its clean-up runs on the thread after any read in progress, and nothing is read after it;
     /// once the thread has ended, the clean-up runs at once where it was asked for.
     @Test func endingAWatchRunsItsCleanUpOnTheThreadAndStopsTheReads() async throws {
-        let thread = ThreadExecutor(name: "test-watch")
-        let pair = try SocketPair()
-        let reads = Reads()
-        let token = try #require(thread.watch(pair.ours, Self.draining(pair, into: reads, thread: thread)))
+        let (thread, pair, reads, watchToken) = try Self.watching()
+        let token = try #require(watchToken)
         pair.send([1])
         try await Self.waitUntil { reads.all.count == 1 }
         let cleanUp = Firings()
