@@ -2,6 +2,11 @@
 // Ferry: a BLE central gateway for Linux/BlueZ. One module per concern; see README.md.
 import PackageDescription
 
+/// Links `archive` (a Debian -dev package's static library, by file name) instead of the shared library.
+func linkingStatically(_ archive: String) -> [LinkerSetting] {
+    [.unsafeFlags(["-Xlinker", "-l:\(archive)"])]
+}
+
 /// libdbus from Debian's libdbus-1-dev, linked as its static archive. The shared libdbus-1.so.3 links libsystemd
 /// (for a bus server's socket activation, which a client never uses), and with it six more libraries (libgcrypt,
 /// liblzma, libzstd, liblz4, libcap, libgpg-error) that every start of `ferry` had to map and relocate: in the
@@ -19,7 +24,7 @@ let staticDBus: (swift: [SwiftSetting], linker: [LinkerSetting]) = {
     #endif
     return (
         [.unsafeFlags(["-Xcc", "-I/usr/include/dbus-1.0", "-Xcc", "-I/usr/lib/\(multiarch)/dbus-1.0/include"])],
-        [.unsafeFlags(["-Xlinker", "-l:libdbus-1.a"])]
+        linkingStatically("libdbus-1.a")
     )
 }()
 
@@ -68,11 +73,11 @@ let package = Package(
         // Durable store over SQLite: staged frames, transactional outbox, cursors.
         .target(
             name: "FerryStore", dependencies: ["CSQLite", "FerryCore", "FerryProtocol"],
-            linkerSettings: [.unsafeFlags(["-Xlinker", "-l:libsqlite3.a"])]),
+            linkerSettings: linkingStatically("libsqlite3.a")),
         // Outbox forwarder to the backend over HTTP(S).
         .target(
             name: "FerryUplink", dependencies: ["FerryCore", "FerryStore", "FerryProtocol", "CCurl", "CZlib"],
-            linkerSettings: [.unsafeFlags(["-Xlinker", "-l:libz.a"])]),
+            linkerSettings: linkingStatically("libz.a")),
         // libdbus bindings: connection, marshalling, signals.
         .target(
             name: "FerryDBus", dependencies: ["FerryCore", "CDBus"], swiftSettings: staticDBus.swift,

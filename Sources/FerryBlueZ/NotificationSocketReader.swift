@@ -25,7 +25,7 @@ final class NotificationSocketReader: Sendable {
     /// Reads `fd` as `thread`'s watched descriptor and hands each notification (and the end) to `deliver` on that
     /// thread. Falls back to a thread of its own when `thread` cannot watch it (it has ended).
     convenience init(fd: DBusUnixFD, mtu: Int, deliver: @escaping GattNotificationSink, on thread: ThreadExecutor) throws {
-        let socket = WatchedSocket(fd: fd, capacity: max(mtu, 23) + 64, deliver: deliver)
+        let socket = WatchedSocket(fd: fd, capacity: notificationCapacity(mtu: mtu), deliver: deliver)
         if let token = thread.watch(fd.rawValue, { socket.readAvailable() }) {
             self.init(watchedBy: thread, token: token, socket: socket)
         } else {
@@ -60,8 +60,7 @@ final class NotificationSocketReader: Sendable {
                 }
             }
         }
-        // A notification carries at most MTU-3 bytes; read with room to spare so none is truncated.
-        let capacity = max(mtu, 23) + 64
+        let capacity = notificationCapacity(mtu: mtu)
         let started = startThread(name: "ferry-notify") {
             var buffer = [UInt8](repeating: 0, count: capacity)
             var fds = [
@@ -78,13 +77,10 @@ final class NotificationSocketReader: Sendable {
                 }
                 if fds[1].revents != 0 { break }
                 if fds[0].revents != 0 {
-                    let count = buffer.withUnsafeMutableBytes { read(fd.rawValue, $0.baseAddress, $0.count) }
-                    switch count {
-                    case let n where n > 0: emit(.value(Array(buffer[0..<n])))
-                    case 0: break loop  // link lost / BlueZ closed it
-                    default:
-                        if errno == EINTR || errno == EAGAIN { continue }
-                        break loop
+                    switch readNotification(fd.rawValue, into: &buffer, flags: 0) {
+                    case .notification(let bytes): emit(.value(bytes))
+                    case .nothingYet: continue
+                    case .closed: break loop
                     }
                 }
             }
@@ -113,6 +109,25 @@ final class NotificationSocketReader: Sendable {
     deinit { stop() }
 }
 
+/// A notification carries at most MTU-3 bytes; read with room to spare so none is truncated.
+private func notificationCapacity(mtu: Int) -> Int { max(mtu, 23) + 64 }
+
+private enum NotificationRead {
+    case notification([UInt8])
+    /// Interrupted, or (non-blocking) nothing waiting.
+    case nothingYet
+    /// End of file (the link was lost or BlueZ closed it) or the socket failed.
+    case closed
+}
+
+/// One recv() of an AcquireNotify socket: one call is one notification (SOCK_SEQPACKET).
+private func readNotification(_ fd: Int32, into buffer: inout [UInt8], flags: Int32) -> NotificationRead {
+    let count = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress, $0.count, flags) }
+    if count > 0 { return .notification(Array(buffer[0..<count])) }
+    if count < 0 && (errno == EINTR || errno == EAGAIN) { return .nothingYet }
+    return .closed
+}
+
 /// The socket of a watched reader; its methods run on the watching thread (`end` also where that thread has
 /// ended), never two at once.
 private final class WatchedSocket: @unchecked Sendable {
@@ -134,15 +149,13 @@ private final class WatchedSocket: @unchecked Sendable {
     func readAvailable() -> Bool {
         guard !ended else { return false }
         for _ in 0..<Self.readsPerTurn {
-            let raw = fd.rawValue
-            let count = buffer.withUnsafeMutableBytes { recv(raw, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
-            if count > 0 {
-                deliver(.value(Array(buffer[0..<count])))
-                continue
+            switch readNotification(fd.rawValue, into: &buffer, flags: Int32(MSG_DONTWAIT)) {
+            case .notification(let bytes): deliver(.value(bytes))
+            case .nothingYet: return true
+            case .closed:
+                end()
+                return false
             }
-            if count < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) { return true }
-            end()  // 0: link lost / BlueZ closed it; or the socket failed
-            return false
         }
         return true
     }
