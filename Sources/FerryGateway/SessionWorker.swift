@@ -15,9 +15,10 @@ import FerrySync
 public struct SessionWorker: Sendable {
     /// Largest window for which the session's own thread reads the notification socket (between commits) rather
     /// than a reader thread that hands each notification over. While the thread commits, notifications wait in the
-    /// socket, and bluetoothd drops what does not fit (its end is non-blocking; some 160 full-MTU notifications
-    /// fit the default 208 KiB): everything a window lets the peripheral send unacknowledged must fit, even at one
-    /// frame per notification. A larger (pipelined) window keeps the reader thread, which drains the socket into
+    /// socket, and bluetoothd drops what does not fit (its end of the pair is non-blocking; the default 208 KiB
+    /// send buffer holds in the order of 160 full-MTU notifications, estimated from the kernel's ~1.3 KiB charge per
+    /// message): everything a window lets the peripheral send unacknowledged must fit, even at one frame per
+    /// notification. A larger (pipelined) window keeps the reader thread, which drains the socket into
     /// the session's 4 MiB queue while a commit runs.
     static let maxWindowReadOnSessionThread: UInt16 = 64
 
