@@ -18,6 +18,10 @@ Measured per session:
   ferry sessions sync into one store, as on a gateway: the first creates it);
   bleak's sync phase only (time.process_time() from subscribe to the final ACK, interpreter start-up, scan
   and connect excluded: that favours bleak). Also bluetoothd's and dbus-daemon's CPU over the session.
+`--no-aslr` starts every central (ferry and bleak's Python alike) without address-space randomisation
+(personality ADDR_NO_RANDOMIZE, as `setarch -R`): the bed's QEMU (7.2, TCG) keys the code it has translated by
+virtual address, so a process whose code lands at new addresses has all of it translated again, a cost a
+Raspberry Pi never pays. With it, what remains is closer to the code's own cost; the default keeps ASLR.
 Writes RESULTS/bench.json.
 """
 import json
@@ -30,9 +34,23 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bedlib as b  # noqa: E402
+import ctypes  # noqa: E402
 
 BLEAK_PYTHON = os.environ.get("BENCH_BLEAK_PYTHON", os.path.join(b.ROOT, ".testbed", "bench-venv", "bin", "python"))
 HZ = os.sysconf("SC_CLK_TCK")
+ADDR_NO_RANDOMIZE = 0x0040000
+NO_ASLR = "--no-aslr" in sys.argv
+
+
+def without_aslr() -> None:
+    """Runs in the child between fork and exec: the exec'd program and its libraries load at fixed addresses."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.personality(ADDR_NO_RANDOMIZE) == -1:
+        raise OSError(ctypes.get_errno(), "personality(ADDR_NO_RANDOMIZE) failed")
+
+
+def launch_options() -> dict:
+    return {"preexec_fn": without_aslr} if NO_ASLR else {}
 
 
 def arg(name: str, default: str) -> str:
@@ -72,7 +90,7 @@ def run_measured(cmd: list[str], log_name: str, limit: float) -> tuple[int, str,
     err_path = os.path.join(b.scratch(), f"{log_name}.err")
     t0 = time.monotonic()
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, **launch_options())
         killer = threading.Timer(limit, proc.kill)
         killer.start()
         _, status, usage = os.wait4(proc.pid, 0)
@@ -108,7 +126,8 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
         # after a bleak session (Python reading hundreds of files) they were out of the page cache again, and the
         # next ferry's start-up cost 0.8-1.2 s more CPU re-reading them (measured: 1.37 and 1.76 s against
         # 0.55-0.62 s in the same boot). A gateway loads them from its own disk, usually cached: warm them first.
-        subprocess.run([b.FERRY, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        subprocess.run([b.FERRY, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       **launch_options())
     before = daemon_cpu()
     rc, stdout, wall, cpu = run_measured(cmd, log_name, 300)
     after = daemon_cpu()
@@ -162,7 +181,8 @@ def use_local_copy_of_ferry() -> None:
     local = os.path.join(b.scratch(), "ferry")
     shutil.copy2(b.FERRY, local)
     b.FERRY = local
-    subprocess.run([b.FERRY, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    subprocess.run([b.FERRY, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
+                       **launch_options())
 
 
 def main() -> int:
@@ -190,6 +210,7 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(b.results_dir(), "bench.json"), "w") as f:
         json.dump({"events": events, "rounds": rounds, "pipelined_window": pipelined, "ferry": b.FERRY,
+                   "aslr": not NO_ASLR,
                    "rows": rows}, f, indent=1)
     return 0
 
