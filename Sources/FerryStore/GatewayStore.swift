@@ -350,7 +350,7 @@ public final class GatewayStore {
         _ payload: OutboxPayload, key: StreamKey, first: UInt64?, last: UInt64?, frameCount: Int,
         payloadBytes: Int = 0, now: Int64
     ) throws -> String {
-        let id = RandomID.uuidV4()
+        let id = RandomID.uuidV7(unixMillis: now)
         try database.cached(
             """
             INSERT INTO outbox_events (id, event_type, payload, status, retry_count, next_retry_at, created_at,

@@ -35,6 +35,26 @@ import Testing
         #expect(try store.count("SELECT count(*) FROM staged_frames WHERE received_at = ?", [.integer(clock.millis)]) == 20)
     }
 
+    /// Event ids are version-7 UUIDs carrying the commit's time, so the id index grows at its end: later commits'
+    /// ids sort after earlier ones.
+    @Test func outboxEventIDsCarryTheCommitTimeAndSortInCommitOrder() throws {
+        let dir = try TemporaryDirectory()
+        let store = try GatewayStore(path: dir.file("ids.sqlite"), clock: FixedClock())
+        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
+        let times: [Int64] = [1_796_000_000_000, 1_796_000_000_001, 1_796_000_000_001, 1_796_000_090_000]
+        for (window, millis) in times.enumerated() {
+            let first = UInt64(window * 20 + 1)
+            try store.commit(batch(from: first - 1, dataFrames(first...(first + 19))), to: stream.key, receivedAt: millis)
+        }
+        var ids: [String] = []
+        try store.database.prepare("SELECT id FROM outbox_events ORDER BY rowid").forEach { ids.append($0.text(0)) }
+        #expect(ids.count == 4 && Set(ids).count == 4)
+        // 1_796_000_000_000 ms is 0x01a229f12800.
+        #expect(ids.map { String($0.prefix(13)) } == ["01a229f1-2800", "01a229f1-2801", "01a229f1-2801", "01a229f2-8790"])
+        #expect(ids[0] < ids[1] && ids[1] < ids[3] && ids[2] < ids[3])
+        #expect(ids.allSatisfy { Array($0.utf8)[14] == UInt8(ascii: "7") })
+    }
+
     /// A trigger created by the test makes the LAST statement of the transaction (the cursor move) fail, after
     /// the frames and the outbox event were already inserted: none of them may be visible afterwards.
     @Test func failureAtTheCursorMoveLeavesNothingOfTheBatch() throws {
