@@ -189,6 +189,9 @@ let specVectors: [(meaning: String, frame: Frame, hex: String)] = [
         "", "C0:FF:EE:00:00", "C0:FF:EE:00:00:01:02", "C0:FF:EE:00:00:0G", "C0:FF:EE:00:00:001",
         "C0:FF:EE:00:00:1", "C0:FF:EE:00::01", "C0:FF:EE:00:00:01:", " C0:FF:EE:00:00:01", "C0-FF-EE-00-00-01",
         "C0FFEE000001", "C0:FF:EE:00:00:０1", "C0:FF:EE:00:00:é",
+        // 17 bytes with a separator out of place, a wrong one, a trailing newline, bytes next to the hex ranges.
+        "C0:FF:EE:00:0:001", "C0:FF:EE:00:00;01", "C0:FF:EE:00:0001\n", "g0:ff:ee:00:00:01", "C0:FF:EE:00:00:`1",
+        "C0:FF:EE:00:00:@1", "C0:FF:EE:00:00:/1", "C0:FF:EE:00:00::1",
     ])
     func rejects(text: String) {
         #expect(PeripheralAddress(text) == nil)
