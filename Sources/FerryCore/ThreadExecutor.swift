@@ -231,12 +231,12 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
                 timer = nil
             }
             var readable: (generation: UInt64, handler: @Sendable () -> Bool)?
-            if !jobs.isEmpty, let w = watched,
-                coarseMonotonicNanoseconds() - lastWatchCheck >= Self.watchCheckInterval
+            if !jobs.isEmpty, let w = watched, case let now = coarseMonotonicNanoseconds(),
+                now - lastWatchCheck >= Self.watchCheckInterval
             {
                 // Busy with jobs: the watched descriptor is still read, or its peer's data would wait in the
                 // kernel until the queue ran dry.
-                lastWatchCheck = coarseMonotonicNanoseconds()
+                lastWatchCheck = now
                 pthread_mutex_unlock(mutex)
                 let ready = pollWatched(w.fd, until: nil, wait: false).readable
                 pthread_mutex_lock(mutex)
