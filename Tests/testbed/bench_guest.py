@@ -122,7 +122,7 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
         cmd = [BLEAK_PYTHON, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bleak_reader.py"), addr,
                str(events), "--adapter", b.adapter(), "--window", str(window), "--ack-every", str(ack_every)]
     if name.startswith("ferry"):
-        # The shared libraries (libstdc++, libc; libcurl is loaded only by the uplink) come from the guest's 9p root:
+        # The shared libraries (libc, libm, libgcc_s; libcurl is loaded only by the uplink) come from the guest's 9p root:
         # after a bleak session (Python reading hundreds of files) they were out of the page cache again, and the
         # next ferry's start-up cost 0.8-1.2 s more CPU re-reading them (measured: 1.37 and 1.76 s against
         # 0.55-0.62 s in the same boot). A gateway loads them from its own disk, usually cached: warm them first.
