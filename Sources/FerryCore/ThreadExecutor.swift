@@ -53,6 +53,8 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     /// looks at it every `watchCheckInterval`.
     private var lastWatchCheck = 0
     private static let watchCheckInterval = 10_000_000
+    /// How long the thread waits before polling again after poll() failed with something other than EINTR (ns).
+    private static let pollFailurePause = 10_000_000
 
     /// The serial role: enqueues on the same thread, marked isolated. Unowned back-reference: the thread owns it.
     private final class Serial: SerialExecutor, @unchecked Sendable {
@@ -214,6 +216,11 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
         if ready > 0, fds.0.revents != 0 {
             var count: UInt64 = 0
             _ = read(pollWake, &count, 8)
+        } else if ready < 0, errno != EINTR {
+            // poll() refusing for another reason (ENOMEM) would likely refuse again at once: without a pause the
+            // thread would spin a core until it recovered. Jobs, calls and timers are still run between tries.
+            var pause = timespec(tv_sec: 0, tv_nsec: Self.pollFailurePause)
+            _ = nanosleep(&pause, nil)
         }
         return (ready > 0 && fds.1.revents != 0, ready == 0 && wait && deadline != nil)
     }
