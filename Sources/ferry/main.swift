@@ -3,6 +3,8 @@ import FerryCLI
 import FoundationEssentials
 import Glibc
 
-// First, before any thread starts (see the shim). A kernel without the option keeps its default: nothing to report.
+// First, before any thread starts (see the shim for both). Neither failing is worth a word: the process keeps the
+// kernel's or glibc's default.
 _ = ferry_disable_transparent_huge_pages()
+_ = ferry_use_one_malloc_arena()
 exit(FerryCommandLine.main(arguments: Array(CommandLine.arguments.dropFirst())))
