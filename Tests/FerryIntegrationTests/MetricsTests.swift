@@ -315,7 +315,15 @@ final class FixedWallClock: WallClock {
             _ = try MetricsHTTPServer(address: ListenAddress(host: "127.0.0.1", port: s.port)) { _ in .init(status: 200, body: "") }
         }
         // A server stopped without ever being started lets go of its port (and stop does not wait for a thread).
-        let unstarted = try MetricsHTTPServer(address: ListenAddress(host: "127.0.0.1", port: 0)) { _ in .init(status: 200, body: "") }
+        // Its port is taken below the kernel's ephemeral range (32768-60999): a port-0 listener of a test running
+        // alongside cannot get it between the stop and the second bind.
+        var bound: MetricsHTTPServer?
+        for candidate in UInt16(20_000)..<20_500 where bound == nil {
+            bound = try? MetricsHTTPServer(address: ListenAddress(host: "127.0.0.1", port: candidate)) { _ in
+                .init(status: 200, body: "")
+            }
+        }
+        let unstarted = try #require(bound, "no free port in 20000-20499")
         let port = unstarted.port
         unstarted.stop()
         unstarted.stop()
