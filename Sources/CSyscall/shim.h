@@ -9,8 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
-/* System calls Swift cannot make itself: syscall() and prctl() are variadic (and mallopt is in malloc.h), and Glibc's module has no
-   sys/eventfd.h (ThreadExecutor's wake-up while it polls a watched descriptor). */
+/* System calls Swift cannot make itself: syscall() and prctl() are variadic, and Glibc's module has neither
+   sys/eventfd.h (ThreadExecutor's wake-up while it polls a watched descriptor) nor malloc.h (mallopt). */
 
 /* The kernel's futex, for ThreadExecutor's sleep: a thread woken from pthread_cond_wait takes its mutex back
    marked "contended" (glibc), so its next unlock is one more system call (FUTEX_WAKE) although nobody waits:
