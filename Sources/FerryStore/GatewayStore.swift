@@ -76,7 +76,9 @@ public final class GatewayStore {
             // Must precede the first table: only then does the file get incremental auto-vacuum.
             if version == 0 { try db.execute("PRAGMA auto_vacuum = INCREMENTAL") }
             try GatewayStore.retryingWhileBusy { try db.execute(GatewayStore.pragmas) }
-            try GatewayStore.migrate(db, path: path)
+            // A store already at this binary's version needs no write lock to find that out again (versions only
+            // go up): every `ferry sync` opens the store, possibly while the daemon is committing to it.
+            if version != Schema.latestVersion { try GatewayStore.migrate(db, path: path) }
         } catch let e as SQLiteError where e.resultCode == .corrupt {
             throw StoreError.damaged(path: path, problems: [e.message])
         } catch let e as SQLiteError where e.resultCode == .notadb {
@@ -132,7 +134,8 @@ public final class GatewayStore {
         try db.execute("BEGIN")
         defer { try? db.execute("COMMIT") }
         let version = try db.integer("PRAGMA user_version") ?? 0
-        let tables = try db.integer("SELECT count(*) FROM sqlite_master") ?? 0
+        // Only a version-0 file is asked for its tables (a stranger's file, or a new one).
+        let tables = version == 0 ? try db.integer("SELECT count(*) FROM sqlite_master") ?? 0 : 0
         return (version, tables)
     }
 
@@ -296,6 +299,10 @@ public final class GatewayStore {
                         frameCount: fresh.count, payloadBytes: fresh.reduce(0) { $0 + $1.payload.count }, now: now)
                     // One statement per window, not per frame: a statement's own overhead (start, halt, reset)
                     // cost a quarter of the commit. The columns every row shares are parameters 1-4.
+                    // OR ROLLBACK here and on the cursor's UPDATE: a conflict (none is possible, the seqs were
+                    // checked above against the cursor read in this transaction) ends the whole transaction,
+                    // as the throw would anyway. With the default ABORT, SQLite keeps a statement journal to
+                    // undo just that statement: a copy of every page it touches, 2 % of an ingest's instructions.
                     let shared: [SQLValue] = [.text(peripheral), .text(epoch), .integer(now), .text(eventID)]
                     var rest = fresh[...]
                     while !rest.isEmpty {
@@ -311,7 +318,7 @@ public final class GatewayStore {
                     }
                 }
                 try database.cached(
-                    "UPDATE stream_cursors SET cursor = ?, updated_at = ? WHERE peripheral = ? AND epoch = ?"
+                    "UPDATE OR ROLLBACK stream_cursors SET cursor = ?, updated_at = ? WHERE peripheral = ? AND epoch = ?"
                 ).run([.integer(Int64(bitPattern: expected)), .integer(now), .text(peripheral), .text(epoch)])
                 return CommitOutcome(
                     cursor: expected, framesInserted: fresh.count, framesAlreadyStored: alreadyStored,
@@ -326,7 +333,7 @@ public final class GatewayStore {
     /// The INSERT of n frame rows (1 ≤ n ≤ `framesPerInsert`) sharing peripheral (?1), epoch (?2), received_at (?3)
     /// and outbox_id (?4); row i's seq and payload are ?(5+2i) and ?(6+2i).
     static func insertFramesSQL(rows: Int) -> String {
-        "INSERT INTO staged_frames (peripheral, epoch, seq, payload, received_at, outbox_id) VALUES "
+        "INSERT OR ROLLBACK INTO staged_frames (peripheral, epoch, seq, payload, received_at, outbox_id) VALUES "
             + (0..<rows).map { "(?1, ?2, ?\(5 + 2 * $0), ?\(6 + 2 * $0), ?3, ?4)" }.joined(separator: ", ")
     }
 

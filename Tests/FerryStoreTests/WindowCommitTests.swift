@@ -130,6 +130,37 @@ import Testing
         #expect(try store.outboxTypes() == ["FRAMES"])
     }
 
+    /// A row already staged above the cursor (a store edited by hand): the frame INSERT meets it (OR ROLLBACK)
+    /// and SQLite ends the transaction itself. The error still reaches the caller, the outbox event inserted
+    /// before the frames is gone with the rest, and the next commit starts a transaction of its own.
+    @Test func aConflictingStagedRowEndsTheTransactionWithNothingOfTheBatch() throws {
+        let dir = try TemporaryDirectory()
+        let store = try GatewayStore(path: dir.file("conflict.sqlite"), clock: FixedClock())
+        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
+        try store.commit(batch(from: 0, dataFrames(1...5)), to: stream.key)
+        try store.database.execute(
+            """
+            INSERT INTO staged_frames (peripheral, epoch, seq, payload, received_at, outbox_id)
+            VALUES ('\(testPeripheral.string)', '0', 12, x'00', 0, 'stray')
+            """)
+        let error = #expect(throws: StoreError.self) {
+            try store.commit(batch(from: 5, dataFrames(6...20)), to: stream.key)
+        }
+        guard case .sqlite(let sqlite) = error else {
+            Issue.record("expected a SQLite error, got \(String(describing: error))")
+            return
+        }
+        #expect(sqlite.resultCode == .constraint)
+        #expect(!store.database.isInTransaction)
+        #expect(try store.cursor(of: stream.key) == 5)
+        #expect(try store.outboxTypes() == ["FRAMES"])
+        #expect(try store.count("SELECT count(*) FROM staged_frames") == 6)
+
+        try store.database.execute("DELETE FROM staged_frames WHERE outbox_id = 'stray'")
+        #expect(try store.commit(batch(from: 5, dataFrames(6...20)), to: stream.key).cursor == 20)
+        #expect(try store.frames(of: stream.key).map(\.seq) == Array(1...20))
+    }
+
     private func expectOnlyTheFirstFiveFrames(in store: GatewayStore, key: StreamKey) throws {
         #expect(try store.cursor(of: key) == 5)
         #expect(try store.frames(of: key).map(\.seq) == Array(1...5))
