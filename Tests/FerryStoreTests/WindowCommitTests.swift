@@ -58,11 +58,8 @@ import Testing
     /// A trigger created by the test makes the LAST statement of the transaction (the cursor move) fail, after
     /// the frames and the outbox event were already inserted: none of them may be visible afterwards.
     @Test func failureAtTheCursorMoveLeavesNothingOfTheBatch() throws {
-        let dir = try TemporaryDirectory()
-        let path = dir.file("abort.sqlite")
-        let store = try GatewayStore(path: path, clock: FixedClock())
-        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
-        try store.commit(batch(from: 0, dataFrames(1...5)), to: stream.key)
+        let (dir, store, stream) = try storeHoldingFiveFrames()
+        let path = dir.file("store.sqlite")
         try store.database.execute(
             """
             CREATE TRIGGER fail_cursor_move BEFORE UPDATE OF cursor ON stream_cursors
@@ -92,10 +89,8 @@ import Testing
 
     /// A fault in the middle of the frame inserts (the 7th of 15 frames).
     @Test func failureHalfwayThroughTheFramesLeavesNothingOfTheBatch() throws {
-        let dir = try TemporaryDirectory()
-        let store = try GatewayStore(path: dir.file("midway.sqlite"), clock: FixedClock())
-        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
-        try store.commit(batch(from: 0, dataFrames(1...5)), to: stream.key)
+        let (dir, store, stream) = try storeHoldingFiveFrames()
+        defer { withExtendedLifetime(dir) {} }
         try store.database.execute(
             """
             CREATE TRIGGER fail_frame BEFORE INSERT ON staged_frames
@@ -134,10 +129,8 @@ import Testing
     /// and SQLite ends the transaction itself. The error still reaches the caller, the outbox event inserted
     /// before the frames is gone with the rest, and the next commit starts a transaction of its own.
     @Test func aConflictingStagedRowEndsTheTransactionWithNothingOfTheBatch() throws {
-        let dir = try TemporaryDirectory()
-        let store = try GatewayStore(path: dir.file("conflict.sqlite"), clock: FixedClock())
-        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
-        try store.commit(batch(from: 0, dataFrames(1...5)), to: stream.key)
+        let (dir, store, stream) = try storeHoldingFiveFrames()
+        defer { withExtendedLifetime(dir) {} }
         try store.database.execute(
             """
             INSERT INTO staged_frames (peripheral, epoch, seq, payload, received_at, outbox_id)
@@ -159,6 +152,16 @@ import Testing
         try store.database.execute("DELETE FROM staged_frames WHERE outbox_id = 'stray'")
         #expect(try store.commit(batch(from: 5, dataFrames(6...20)), to: stream.key).cursor == 20)
         #expect(try store.frames(of: stream.key).map(\.seq) == Array(1...20))
+    }
+
+    /// A new store (`store.sqlite` in the returned directory, which lives as long as the caller keeps it) whose
+    /// stream holds frames 1...5: the state each fault test starts from.
+    private func storeHoldingFiveFrames() throws -> (TemporaryDirectory, GatewayStore, StreamHandle) {
+        let dir = try TemporaryDirectory()
+        let store = try GatewayStore(path: dir.file("store.sqlite"), clock: FixedClock())
+        let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
+        try store.commit(batch(from: 0, dataFrames(1...5)), to: stream.key)
+        return (dir, store, stream)
     }
 
     private func expectOnlyTheFirstFiveFrames(in store: GatewayStore, key: StreamKey) throws {
