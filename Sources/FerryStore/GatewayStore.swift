@@ -299,10 +299,11 @@ public final class GatewayStore {
                         frameCount: fresh.count, payloadBytes: fresh.reduce(0) { $0 + $1.payload.count }, now: now)
                     // One statement per window, not per frame: a statement's own overhead (start, halt, reset)
                     // cost a quarter of the commit. The columns every row shares are parameters 1-4.
-                    // OR ROLLBACK here and on the cursor's UPDATE: a conflict (none is possible, the seqs were
-                    // checked above against the cursor read in this transaction) ends the whole transaction,
-                    // as the throw would anyway. With the default ABORT, SQLite keeps a statement journal to
-                    // undo just that statement: a copy of every page it touches, 2 % of an ingest's instructions.
+                    // OR ROLLBACK here and on the cursor's UPDATE: a conflict (only a store edited by hand has a
+                    // row there, the seqs were checked above against the cursor read in this transaction) ends the
+                    // whole transaction, as the throw would anyway. With the default ABORT, SQLite keeps a
+                    // statement journal to undo just that statement: a copy of every page it touches, 2 % of an
+                    // ingest's instructions.
                     let shared: [SQLValue] = [.text(peripheral), .text(epoch), .integer(now), .text(eventID)]
                     var rest = fresh[...]
                     while !rest.isEmpty {
@@ -318,7 +319,8 @@ public final class GatewayStore {
                     }
                 }
                 try database.cached(
-                    "UPDATE OR ROLLBACK stream_cursors SET cursor = ?, updated_at = ? WHERE peripheral = ? AND epoch = ?"
+                    "UPDATE OR ROLLBACK stream_cursors SET cursor = ?, updated_at = ? "
+                        + "WHERE peripheral = ? AND epoch = ?"
                 ).run([.integer(Int64(bitPattern: expected)), .integer(now), .text(peripheral), .text(epoch)])
                 return CommitOutcome(
                     cursor: expected, framesInserted: fresh.count, framesAlreadyStored: alreadyStored,

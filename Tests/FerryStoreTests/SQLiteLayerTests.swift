@@ -89,7 +89,8 @@ import Testing
         let stream = try store.openStream(peripheral: testPeripheral, deviceEpoch: 0)
         // sqlite_stmt (SQLITE_ENABLE_STMTVTAB, on in Debian's libsqlite3) lists this connection's live statements.
         let live = "SELECT count(*) FROM sqlite_stmt"
-        let frameInserts = "SELECT coalesce(sum(run), 0) FROM sqlite_stmt WHERE sql LIKE 'INSERT OR ROLLBACK INTO staged_frames%'"
+        let isFrameInsert = "sql LIKE 'INSERT OR ROLLBACK INTO staged_frames%'"
+        let frameInserts = "SELECT coalesce(sum(run), 0) FROM sqlite_stmt WHERE \(isFrameInsert)"
         try store.commit(batch(from: 0, dataFrames(1...20)), to: stream.key)
         let runsAfterFirst = try store.count(frameInserts)  // (also puts both probe queries in the cache)
         let afterFirst = try store.count(live)
@@ -99,7 +100,7 @@ import Testing
         }
         #expect(try store.count(live) == afterFirst, "commits prepared new statements instead of reusing them")
         // One statement, run once per 20-frame window: 9 runs for the 180 frames after the first window.
-        #expect(try store.count("SELECT count(*) FROM sqlite_stmt WHERE sql LIKE 'INSERT OR ROLLBACK INTO staged_frames%'") == 1)
+        #expect(try store.count("SELECT count(*) FROM sqlite_stmt WHERE \(isFrameInsert)") == 1)
         #expect(try store.count(frameInserts) - runsAfterFirst == 9)
         #expect(try store.count("SELECT count(*) FROM staged_frames") == 200)
     }
