@@ -4,7 +4,7 @@ once, then idle.
 
 For each count N (default 1, 3, 5) a new daemon gets N fresh emulated peripherals (the bed's --events each,
 unpaced, MTU 517) on its allowlist, N connection slots, no uplink and no re-sync, with Ferry's default window
-and ACK cadence. Measured per N:
+and ACK cadence (or --window / --ack-every). Measured per N:
   - aggregate frames/s: every frame the N peripherals put on the air / (last DATA frame of any − first DATA
     frame of any), on the peripherals' own clock;
   - the daemon's CPU (user+sys of the process, /proc/PID/stat) from its start until every peripheral got its
@@ -23,7 +23,7 @@ away) for two windows of --idle-seconds (default 60) each: its CPU over each, as
   characters, and libdispatch's workers keep the end of their queue's name ("-qos.overcommit" is
   com.apple.root.default-qos.overcommit). Threads that exit within a window count in its total only.
 
-Usage (in the bed): bench_daemon.py --ferry BIN [--counts 1,3,5] [--idle-seconds 60]
+Usage (in the bed): bench_daemon.py --ferry BIN [--counts 1,3,5] [--idle-seconds 60] [--window N] [--ack-every N]
 Writes RESULTS/bench-daemon.json and prints one JSON line per N.
 """
 import json
@@ -104,13 +104,13 @@ def idle_window(pid: int, seconds: float) -> dict | None:
                                        if v > 0}}
 
 
-def run_daemon(n: int, addrs: list[str], events: int, idle_seconds: float) -> dict:
+def run_daemon(n: int, addrs: list[str], events: int, idle_seconds: float, cadence: dict) -> dict:
     state = os.path.join(b.scratch(), f"daemon-{n}")
     os.makedirs(state, mode=0o700, exist_ok=True)
     config = os.path.join(b.scratch(), f"daemon-{n}.json")
     with open(config, "w") as f:
         json.dump({"state_dir": state, "adapter": b.adapter(), "peripherals": addrs, "require_bond": False,
-                   "max_connections": n, "sync_interval_seconds": 3600, "log_level": "info"}, f)
+                   "max_connections": n, "sync_interval_seconds": 3600, "log_level": "info", **cadence}, f)
     log_path = os.path.join(b.results_dir(), f"bench-daemon-{n}.log")
     before = daemon_cpu()
     t0 = time.monotonic()
@@ -196,6 +196,9 @@ def main() -> int:
     b.FERRY = arg("--ferry", b.FERRY)
     counts = [int(c) for c in arg("--counts", "1,3,5").split(",")]
     idle_seconds = float(arg("--idle-seconds", "60"))
+    # Ferry's defaults unless given: the config keys `window` and `ack_every`.
+    cadence = {key: int(arg(option, "")) for key, option in (("window", "--window"), ("ack_every", "--ack-every"))
+               if arg(option, "")}
     addrs = b.peripherals()
     if len(addrs) < sum(counts):
         print(f"bench-daemon: {sum(counts)} peripherals needed, the bed has {len(addrs)}", flush=True)
@@ -206,12 +209,12 @@ def main() -> int:
         start = sum(counts[:i])
         last = i == len(counts) - 1
         try:
-            rows.append(run_daemon(n, addrs[start:start + n], events, idle_seconds if last else 0))
+            rows.append(run_daemon(n, addrs[start:start + n], events, idle_seconds if last else 0, cadence))
         except Exception as e:  # one broken run must not hide the others' numbers
             rows.append({"sessions": n, "error": f"{type(e).__name__}: {e}"})
             print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(b.results_dir(), "bench-daemon.json"), "w") as f:
-        json.dump({"events_each": events, "ferry": b.FERRY, "rows": rows}, f, indent=1)
+        json.dump({"events_each": events, "ferry": b.FERRY, **cadence, "rows": rows}, f, indent=1)
     return 0
 
 
