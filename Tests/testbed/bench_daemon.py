@@ -197,8 +197,8 @@ def main() -> int:
     counts = [int(c) for c in arg("--counts", "1,3,5").split(",")]
     idle_seconds = float(arg("--idle-seconds", "60"))
     # Ferry's defaults unless given: the config keys `window` and `ack_every`.
-    cadence = {key: int(arg(option, "")) for key, option in (("window", "--window"), ("ack_every", "--ack-every"))
-               if arg(option, "")}
+    given = {"window": arg("--window", ""), "ack_every": arg("--ack-every", "")}
+    cadence = {key: int(value) for key, value in given.items() if value}
     addrs = b.peripherals()
     if len(addrs) < sum(counts):
         print(f"bench-daemon: {sum(counts)} peripherals needed, the bed has {len(addrs)}", flush=True)
