@@ -88,11 +88,11 @@ public actor BlueZObjectCache {
     public func start() async throws {
         guard pump == nil else { return }
         let stream = try await mappingErrors {
+            // One rule for all of bluetoothd's signals (InterfacesAdded/Removed, PropertiesChanged; `apply` ignores any
+            // other member) rather than one per member: each AddMatch is a round trip before the snapshot is asked for.
             try await connection.signals(matching: [
                 .nameOwnerChanged(name: serviceName),
-                .interfacesAdded(sender: serviceName),
-                .interfacesRemoved(sender: serviceName),
-                .propertiesChanged(sender: serviceName),
+                .allSignals(sender: serviceName),
             ])
         }
         pump = Task { [weak self] in
@@ -117,6 +117,10 @@ public actor BlueZObjectCache {
     }
 
     public var isServiceAvailable: Bool { serviceOwner != nil }
+
+    /// bluetoothd's unique bus name as the cache last saw it (the sender of its tree or of its NameOwnerChanged);
+    /// nil while it is not on the bus.
+    public var serviceOwnerName: String? { serviceOwner }
 
     /// The current tree.
     public var snapshot: BlueZObjects { objects }

@@ -216,7 +216,7 @@ enum SyncCommand {
         // bluetoothd restarting mid-sync looks like a plain link loss from the session's side; the cache's
         // generation (bumped on every NameOwnerChanged rebuild) lets the summary say what really happened.
         let bluezGeneration = await client.objects.generation
-        let bluezOwner = try? await client.connection.nameOwner(BlueZInterface.service)
+        let bluezOwner = await client.objects.serviceOwnerName
         let worker = SessionWorker(settings: settings, client: client, adapter: adapter, sink: log, clock: phaseClock)
         let link: SessionWorker.Session
         do {

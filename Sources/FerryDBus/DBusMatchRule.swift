@@ -71,8 +71,10 @@ public struct DBusMatchRule: Sendable, Hashable, CustomStringConvertible {
             member: "PropertiesChanged", arg0: interface)
     }
 
-    public static func interfacesAdded(sender: String?) -> DBusMatchRule {
-        DBusMatchRule(sender: sender, interface: "org.freedesktop.DBus.ObjectManager", member: "InterfacesAdded")
+    /// Every signal `sender` broadcasts. One rule where a rule per member would cost a round trip to the daemon
+    /// each (AddMatch is a call), for a subscriber that wants all of them anyway (BlueZ's object cache).
+    public static func allSignals(sender: String) -> DBusMatchRule {
+        DBusMatchRule(sender: sender)
     }
 
     public static func interfacesRemoved(sender: String?) -> DBusMatchRule {
