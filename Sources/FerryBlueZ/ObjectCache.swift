@@ -118,8 +118,7 @@ public actor BlueZObjectCache {
 
     public var isServiceAvailable: Bool { serviceOwner != nil }
 
-    /// bluetoothd's unique bus name as the cache last saw it (the sender of its tree or of its NameOwnerChanged);
-    /// nil while it is not on the bus.
+    /// bluetoothd's unique bus name: the sender of the tree the cache holds; nil while bluetoothd is not on the bus.
     public var serviceOwnerName: String? { serviceOwner }
 
     /// The current tree.

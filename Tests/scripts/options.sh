@@ -19,7 +19,8 @@ refused() {
     local err rc
     err=$(timeout 30 "$@" 2>&1 >/dev/null); rc=$?
     [[ $rc -eq 2 ]] || { fail "$* exited $rc, not 2: $err"; return; }
-    [[ $(printf '%s\n' "$err" | wc -l) -eq 1 && "$err" == *"$expected"* ]] || fail "$*: expected one line with '$expected', got: $err"
+    [[ $(printf '%s\n' "$err" | wc -l) -eq 1 && "$err" == *"$expected"* ]] \
+        || fail "$*: expected one line with '$expected', got: $err"
 }
 for script in bench bench-bluez bench-daemon bench-idle package run run-gateway test-bluez test-daemon test-package; do
     refused "--bogus" "scripts/$script" --bogus
@@ -29,7 +30,7 @@ refused "SECONDS must be a whole number" scripts/fuzz x
 for script in bench-decoder bench-ingest bench-replay bench-uplink; do
     refused "must be a whole number" "scripts/$script" 1.5
 done
-refused "--peripherals needs a whole number of at least 2" scripts/run --peripherals 1
+refused "--peripherals needs a whole number ≥ 2" scripts/run --peripherals 1
 refused "--events needs a whole number" scripts/run --events 08
 refused "--config needs a file" scripts/run --config
 
