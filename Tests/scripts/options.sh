@@ -33,6 +33,11 @@ done
 refused "--peripherals needs a whole number ≥ 2" scripts/run --peripherals 1
 refused "--events needs a whole number" scripts/run --events 08
 refused "--config needs a file" scripts/run --config
+refused "--rounds must be a whole number" scripts/bench-bluez --rounds x
+refused "--rounds needs a value" scripts/bench-bluez --rounds
+refused "--events needs a value" scripts/bench-daemon --events
+refused "--idle-seconds must be a number of seconds" scripts/bench-daemon --idle-seconds -1
+refused "--window and --ack-every take a whole number" scripts/bench-daemon --window 0
 
 # scripts/run checks its options before installing anything: in a copy of scripts/ whose install-deps only leaves
 # a mark, a refused option must leave none.
