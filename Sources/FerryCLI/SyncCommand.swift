@@ -104,7 +104,7 @@ enum SyncCommand {
         if json {
             output.out(
                 JSON.object([
-                    ("address", .string(address.string)), ("result", .string(outcome.result)),
+                    ("address", .string(address.string)), ("result", .string(outcome.result.description)),
                     ("frames_stored", .int(s.framesStored)), ("duplicates", .int(s.duplicates)),
                     ("gaps", .int(s.gapsRecorded)), ("regressions", .int(s.regressions)), ("corrupt", .int(s.corrupt)),
                     ("crc_mismatches", .int(outcome.decoder.crcMismatches)), ("stalls", .int(outcome.decoder.stalls)),
@@ -122,7 +122,7 @@ enum SyncCommand {
                     + "cursor \(s.cursor); notify via \(outcome.notifyPath)"
                     + (outcome.mtu.map { " (MTU \($0))" } ?? "") + cFormat("; %.2f s", outcome.seconds))
         }
-        guard outcome.result == "caught up" else {
+        guard outcome.result == .caughtUp else {
             throw CommandFailure("sync \(address) did not finish: \(outcome.result)")
         }
         return 0
@@ -133,7 +133,7 @@ enum SyncCommand {
         /// Why bytes were discarded (CRC mismatch vs. a partial frame dropped when DATA went idle): tells a
         /// damaged stream from a stalled one.
         var decoder: FrameDecoder.Statistics
-        var result: String
+        var result: Result
         var notifyPath: String
         var mtu: UInt16?
         var seconds: Double
@@ -143,6 +143,41 @@ enum SyncCommand {
         var phases: [(String, Double?)] = []
         /// (JSON key, the process's CPU seconds then): "start" when the sync began, then the phases' keys.
         var phasesCPU: [(String, Double?)] = []
+    }
+
+    /// How the sync ended, for the operator: the JSON's "result" and the summary line are its description, and
+    /// only `.caughtUp` exits 0.
+    enum Result: Sendable, Equatable, CustomStringConvertible {
+        case caughtUp
+        /// SIGINT or SIGTERM: committed and acknowledged what it had, then disconnected.
+        case interrupted
+        case timedOut(seconds: Int)
+        /// The peripheral answered none of the SYNC_REQs.
+        case noResponse
+        case noProgress(seconds: Int)
+        /// The store and its WAL reached --disk-budget: the session stopped taking frames.
+        case overDiskBudget
+        /// The link needed encryption and there was no usable bond: `LinkSecurity`'s sentence, with the end.
+        case insecureLink(String)
+        /// The session ended because bluetoothd exited or restarted under it.
+        case bluetoothdRestarted(SessionEnd)
+        case ended(SessionEnd)
+
+        var description: String {
+            switch self {
+            case .caughtUp: "caught up"
+            case .interrupted: "interrupted"
+            case .timedOut(let seconds): "timeout after \(seconds) s"
+            case .noResponse: "no response from the peripheral after 3 SYNC_REQs"
+            case .noProgress(let seconds):
+                "no progress: no new frame for \(seconds) s (committed frames are kept; run again)"
+            case .overDiskBudget: "store over its disk budget"
+            case .insecureLink(let sentence): sentence
+            case .bluetoothdRestarted(let end):
+                "\(end): bluetoothd exited or restarted during the sync (committed frames are kept; run again)"
+            case .ended(let end): end.description
+            }
+        }
     }
 
     static func sync(
@@ -270,14 +305,13 @@ enum SyncCommand {
             events.yield(.stop)
         }
         stopper.cancel()
-        let ended = (runner.summary.end ?? .linkLost).description
-        let result: String
+        let ended = runner.summary.end ?? .linkLost
+        let result: Result
         switch runner.summary.end {
-        case .disconnected(.caughtUp): result = "caught up"
-        case .disconnected(.shutdown): result = Task.isCancelled ? "interrupted" : "timeout after \(Int(timeout)) s"
-        case .disconnected(.noResponse): result = "no response from the peripheral after 3 SYNC_REQs"
-        case .disconnected(.noProgress):
-            result = "no progress: no new frame for \(Int(configuration.noProgressTimeout)) s (committed frames are kept; run again)"
+        case .disconnected(.caughtUp): result = .caughtUp
+        case .disconnected(.shutdown): result = Task.isCancelled ? .interrupted : .timedOut(seconds: Int(timeout))
+        case .disconnected(.noResponse): result = .noResponse
+        case .disconnected(.noProgress): result = .noProgress(seconds: Int(configuration.noProgressTimeout))
         default:
             // The DATA socket's end of file can beat the bus's NameOwnerChanged: ask the bus itself, after a
             // moment for it to notice a dead bluetoothd (seen in the test bed: ferry exited 1.8 s after a
@@ -287,13 +321,13 @@ enum SyncCommand {
             let bluezRestarted = await client.objects.generation != bluezGeneration || ownerNow != bluezOwner
             let bluezGone = await !client.objects.isServiceAvailable || ownerNow == nil
             if runner.summary.backpressure {
-                result = "store over its disk budget"
+                result = .overDiskBudget
             } else if let security = report.securityProblem {
-                result = security
+                result = .insecureLink(security)
             } else if bluezRestarted || bluezGone {
-                result = "\(ended): bluetoothd exited or restarted during the sync (committed frames are kept; run again)"
+                result = .bluetoothdRestarted(ended)
             } else {
-                result = ended
+                result = .ended(ended)
             }
         }
         let p = runner.phases
