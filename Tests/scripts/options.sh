@@ -46,6 +46,9 @@ cp -r scripts "$copy/"
 printf '#!/bin/sh\ntouch "%s/installed"\n' "$copy" > "$copy/scripts/install-deps"
 refused "unknown option '--bogus'" "$copy/scripts/run" --bogus
 [[ ! -e "$copy/installed" ]] || fail "scripts/run --bogus ran install-deps before refusing the option"
+timeout 30 "$copy/scripts/run" --events 20 --check-options >/dev/null 2>&1 \
+    || fail "scripts/run --check-options refused good options"
+[[ ! -e "$copy/installed" ]] || fail "scripts/run --check-options ran install-deps (it only checks)"
 
 if [[ $failures -gt 0 ]]; then echo "script options: $failures failure(s)"; exit 1; fi
 echo "script options: every script answers --help and refuses bad options"
