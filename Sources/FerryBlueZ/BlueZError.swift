@@ -60,6 +60,32 @@ public struct BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
         name.isEmpty ? "\(kind): \(message)" : "\(kind) (\(name)): \(message)"
     }
 
+    /// The ATT error code of a failed GATT operation, where bluetoothd gives it only in the message
+    /// (org.bluez.Error.Failed "Operation failed with ATT error: 0x0e"); nil otherwise. Read from BlueZ's text
+    /// here, once, so that nothing past this type looks at error messages.
+    public var attErrorCode: UInt8? {
+        let text = message.lowercased()
+        guard let marker = text.firstRange(of: "att error: 0x") else { return nil }
+        let digits = text[marker.upperBound...].prefix { $0.isHexDigit }
+        guard digits.count == 2 else { return nil }
+        return UInt8(digits, radix: 16)
+    }
+
+    /// ATT errors a peripheral answers when a characteristic needs more security than the link has:
+    /// 0x05 insufficient authentication, 0x08 insufficient authorization, 0x0c insufficient encryption key
+    /// size, 0x0e unlikely error (what bluetoothd 5.66 reports when the pairing it started was refused),
+    /// 0x0f insufficient encryption.
+    public static let securityATTErrorCodes: Set<UInt8> = [0x05, 0x08, 0x0c, 0x0e, 0x0f]
+
+    /// The peripheral (or bluetoothd for it) refused for want of security: the link needed encryption, or
+    /// authentication failed, and there was no usable bond.
+    public var isSecurityRefusal: Bool {
+        switch kind {
+        case .authenticationFailed, .authenticationRejected, .authenticationCanceled: return true
+        default: return attErrorCode.map(Self.securityATTErrorCodes.contains) ?? false
+        }
+    }
+
     static func kind(forName name: String) -> BlueZErrorKind {
         let bluezPrefix = "org.bluez.Error."
         if name.hasPrefix(bluezPrefix) {

@@ -113,6 +113,8 @@ public final class BlueZSyncTransport: SyncTransport {
 
     public var hasStreamInfo: Bool { streamInfo != nil }
 
+    public func refusedForSecurity(_ error: any Error) -> Bool { (error as? BlueZError)?.isSecurityRefusal ?? false }
+
     public func readStreamInfo() async throws -> [UInt8] {
         guard let streamInfo else { throw TransportError("the peripheral has no STREAM_INFO characteristic") }
         return try await streamInfo.readValue()

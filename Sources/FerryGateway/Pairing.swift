@@ -256,36 +256,24 @@ public struct PeripheralPairing: Sendable {
         case .connectionAttemptFailed, .notConnected:
             return "the link dropped during pairing (out of range?) [\(bluez)]"
         default:
-            if let hint = LinkSecurity.encryptionProblem(in: bluez.description) { return hint }
-            return "\(bluez)"
+            return bluez.isSecurityRefusal ? LinkSecurity.encryptionProblem(detail: bluez.description) : "\(bluez)"
         }
     }
 }
 
-/// Reading BlueZ's errors for the one thing an operator must know: the link needed encryption and there
-/// was no usable bond.
+/// The one thing an operator must know when a link was refused for want of security (`BlueZError
+/// .isSecurityRefusal`, a session's `refusedForSecurity`): it needed encryption and there was no usable bond.
 public enum LinkSecurity {
-    /// ATT errors a peripheral answers when a characteristic needs more security than the link has:
-    /// 0x05 insufficient authentication, 0x08 insufficient authorization, 0x0c insufficient encryption key
-    /// size, 0x0e unlikely error (what bluetoothd 5.66 reports when the pairing it started was refused),
-    /// 0x0f insufficient encryption.
-    static let securityATTErrors = ["0x05", "0x08", "0x0c", "0x0e", "0x0f"]
-
-    /// A clear sentence if a session ended on a security refusal, else nil. Only ends that carry BlueZ's
-    /// error text can be one; the sentence quotes the end as logged.
-    public static func encryptionProblem(after end: SessionEnd?) -> String? {
-        guard let end, let detail = end.errorText, encryptionProblem(in: detail) != nil else { return nil }
-        return encryptionProblem(in: end.description)
+    /// The sentence for a session that ended on a security refusal, quoting its end as logged; nil for any
+    /// other session.
+    public static func encryptionProblem(after summary: SyncSummary) -> String? {
+        guard summary.refusedForSecurity, let end = summary.end else { return nil }
+        return encryptionProblem(detail: end.description)
     }
 
-    /// A clear sentence if `text` (a BlueZ error) shows a security refusal, else nil.
-    public static func encryptionProblem(in text: String) -> String? {
-        let lowered = text.lowercased()
-        let attRefusal = securityATTErrors.contains { lowered.contains("att error: \($0)") }
-        let authFailure = lowered.contains("authenticationfailed") || lowered.contains("authenticationrejected")
-            || lowered.contains("authentication failed") || lowered.contains("authenticationcanceled")
-        guard attRefusal || authFailure else { return nil }
-        return "the peripheral's Sync characteristics need an encrypted link and there is no usable bond "
-            + "(pairing refused or failed): pair it first with `ferry pair --address ADDR [--passkey N]` [\(text)]"
+    /// The sentence, with `detail` (the error or session end as logged) in brackets.
+    public static func encryptionProblem(detail: String) -> String {
+        "the peripheral's Sync characteristics need an encrypted link and there is no usable bond "
+            + "(pairing refused or failed): pair it first with `ferry pair --address ADDR [--passkey N]` [\(detail)]"
     }
 }

@@ -211,7 +211,7 @@ public struct SessionWorker: Sendable {
         let backlog = head.map { $0 > s.cursor ? $0 - s.cursor : 0 }
         return Report(
             summary: s, knownHead: head, backlog: backlog, outcome: SyncScheduler.Outcome(s, backlog: backlog),
-            securityProblem: LinkSecurity.encryptionProblem(after: s.end), seconds: clock.now() - sessionStart)
+            securityProblem: LinkSecurity.encryptionProblem(after: s), seconds: clock.now() - sessionStart)
     }
 
     private func bounded(_ timeout: Duration) -> Duration {

@@ -14,6 +14,13 @@ public protocol SyncTransport: AnyObject {
     /// one, and a peripheral left waiting by the stall rule's SYNC_REQ.
     func writeAck(_ bytes: [UInt8]) async throws
     func disconnect() async
+    /// Whether `error`, thrown by this transport, is the peripheral refusing for want of security (the link needs
+    /// encryption and there is no usable bond): the transport knows its stack's errors, the session does not.
+    func refusedForSecurity(_ error: any Error) -> Bool
+}
+
+extension SyncTransport {
+    public func refusedForSecurity(_ error: any Error) -> Bool { false }
 }
 
 /// Where a session's counters go as they happen (the daemon's metrics; nothing in `ferry sync` and tests).
@@ -48,6 +55,9 @@ public struct SyncSummary: Sendable, Equatable {
     public var backpressure = false
     /// The backpressure came from SQLITE_FULL: the file system itself had no room for the window.
     public var diskFull = false
+    /// Reading STREAM_INFO or subscribing to DATA was refused for want of security (the transport's verdict on
+    /// its error): the session ended on that refusal.
+    public var refusedForSecurity = false
 }
 
 /// When each step of a session completed, on the runner's monotonic clock (nil: not reached). `ferry sync
@@ -87,15 +97,6 @@ public enum SessionEnd: Sendable, Equatable, CustomStringConvertible {
         case .disconnected(let reason): .disconnected(reason)
         case .linkLost: .linkLost
         case .subscribeFailed: .subscribeFailed
-        }
-    }
-
-    /// The BlueZ error text this end carries, if any (what the link-security check reads).
-    public var errorText: String? {
-        switch self {
-        case .disconnected(.streamInfoUnreadable(let detail)): detail
-        case .subscribeFailed(let message): message
-        default: nil
         }
     }
 
@@ -304,6 +305,7 @@ public final class SyncSessionRunner {
                 reached(\.streamInfo)
                 return machine.streamInfoRead(bytes, now: readClock())
             } catch {
+                if transport.refusedForSecurity(error) { summary.refusedForSecurity = true }
                 return machine.streamInfoFailed("\(error)", now: readClock())
             }
         case .loadCursor(let epoch):
@@ -342,6 +344,7 @@ public final class SyncSessionRunner {
                 // the caller back off and retry.
                 log.log(.warning, "subscribe failed: \(error)")
                 summary.end = .subscribeFailed("\(error)")
+                if transport.refusedForSecurity(error) { summary.refusedForSecurity = true }
                 recordSessionEnd()
                 dropQueuedActions = true
                 let flush = machine.disconnected(now: readClock())
