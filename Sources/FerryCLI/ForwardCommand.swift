@@ -133,14 +133,14 @@ enum ForwardCommand {
         } catch {
             throw CommandFailure("database \(dbPath): \(error)")
         }
-        let started = Date()
+        let started = ContinuousClock.now  // monotonic: a Pi without a clock chip steps its wall clock at boot
         let report: ForwardReport
         do {
             report = try AsyncBridge.run(cancelOnSignals: true) { try await forwarder.run(untilEmpty: untilEmpty) }
         } catch let error as ForwarderError {
             throw CommandFailure("database \(dbPath): \(error)")
         }
-        let seconds = Date().timeIntervalSince(started)
+        let seconds = (ContinuousClock.now - started).inSeconds
         progress.clear()
         if args.flags.contains("--json") {
             output.out(
