@@ -13,16 +13,20 @@ import FerryFakeBlueZ
 /// when CONTROL allows it, and the DATA subscription is started before the session asks for it (while it
 /// reads STREAM_INFO).
 @Suite(.serialized) struct SyncTransportTests {
-    private func transport(_ bus: TestBus, controlFlags: [String]) async throws -> (FakeBlueZ, BlueZSyncTransport) {
-        let (fake, transport, _) = try await transportWithEvents(bus, controlFlags: controlFlags)
+    private func transport(
+        _ bus: TestBus, controlFlags: [String], bonded: Bool = true
+    ) async throws -> (FakeBlueZ, BlueZSyncTransport) {
+        let (fake, transport, _) = try await transportWithEvents(bus, controlFlags: controlFlags, bonded: bonded)
         return (fake, transport)
     }
 
     private func transportWithEvents(
-        _ bus: TestBus, controlFlags: [String], readingOn thread: ThreadExecutor? = nil
+        _ bus: TestBus, controlFlags: [String], bonded: Bool = true, readingOn thread: ThreadExecutor? = nil
     ) async throws -> (FakeBlueZ, BlueZSyncTransport, LinkEvents) {
         var tree = FakeBlueZ.adapterOnly()
         tree[FakeBlueZ.devicePath] = FakeBlueZ.deviceInterfaces(connected: true, resolved: true)
+        tree[FakeBlueZ.devicePath]?[BlueZInterface.device]?["Bonded"] = .bool(bonded)
+        tree[FakeBlueZ.devicePath]?[BlueZInterface.device]?["Paired"] = .bool(bonded)
         tree.merge(FakeBlueZ.gattObjects()) { _, new in new }
         tree[FakeBlueZ.controlPath]?[BlueZInterface.gattCharacteristic]?["Flags"] = .strings(controlFlags)
         let fake = try await FakeBlueZ.start(on: bus, tree: tree)
@@ -78,6 +82,25 @@ import FerryFakeBlueZ
     private func writesSeen(_ fake: FakeBlueZ) -> [(bytes: [UInt8], type: String, serial: UInt32, id: Int, viaSocket: Bool)] {
         fake.pumpAcquiredWrites()
         return fake.state.withLock { $0.writes }
+    }
+
+    /// Without a bond the STREAM_INFO read comes first: a peripheral that wants encryption refuses it, and an
+    /// AcquireNotify cut short by the end of that session would leave DATA "acquired" in bluetoothd for good.
+    @Test func anUnbondedDeviceIsSubscribedOnlyAfterItsStreamInfoWasRead() async throws {
+        let bus = try TestBus()
+        let (fake, transport) = try await transport(bus, controlFlags: ["write", "write-without-response"], bonded: false)
+        defer { fake.stop() }
+        // Time for a subscription started with the transport to reach the fake (the bonded case sees it at once).
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(!fake.calls.contains { $0.hasPrefix("GattCharacteristic1.AcquireNotify") }, "\(fake.calls)")
+        #expect(try await transport.readStreamInfo().count == 26)
+        try await transport.subscribe()
+        #expect(transport.notifyMethod == .acquireNotify)
+        let calls = fake.calls.map { String($0.split(separator: " ")[0]) }
+        let read = calls.firstIndex(of: "GattCharacteristic1.ReadValue")
+        let acquire = calls.firstIndex(of: "GattCharacteristic1.AcquireNotify")
+        #expect(read != nil && acquire != nil && read! < acquire!, "\(calls)")
+        await transport.disconnect()
     }
 
     @Test func acksGoOnTheWriteSocketRequestsWithAResponse() async throws {
