@@ -369,7 +369,7 @@ struct BlueZClientTests {
         let started = ContinuousClock.now
         let device = try await connector.connect(policy: &policy, connectTimeout: .seconds(60))
         #expect(ContinuousClock.now - started < .seconds(30))
-        #expect(await device.isConnected())
+        try await waitUntilCacheSeesConnected(client, device)
         let sequence = fake.calls.map { String($0.split(separator: " ")[0]) }.filter { $0.hasPrefix("Device1.") || $0.hasPrefix("Adapter1.") }
         #expect(
             sequence == [
@@ -485,6 +485,15 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    /// The connector returns on Connect's reply, which can overtake the PropertiesChanged (Connected) that the
+    /// cache applies: wait for the cache, at most 5 s (throws `.timeout`, failing the test, if it never comes).
+    private func waitUntilCacheSeesConnected(_ client: BlueZClient, _ device: BlueZDevice) async throws {
+        try await client.objects.waitUntil(timeout: .seconds(5)) {
+            $0.properties(device.path, BlueZInterface.device)?["Connected"]?.bool == true
+        }
+        #expect(await device.isConnected())
+    }
+
     @Test func connectWaitsForThePoweredOffAdapterThenConnects() async throws {
         let bus = try TestBus()
         var tree = FakeBlueZ.adapterOnly(powered: false)
@@ -508,7 +517,7 @@ struct BlueZClientTests {
         #expect(fake.calls.filter { $0.hasPrefix("Device1.Connect") }.count == 1)  // waiting, not retrying
         try fake.setProperty(FakeBlueZ.adapterPath, BlueZInterface.adapter, "Powered", .bool(true))
         let device = try await connecting.value
-        #expect(await device.isConnected())
+        try await waitUntilCacheSeesConnected(client, device)
         #expect(fake.calls.filter { $0.hasPrefix("Device1.Connect") }.count == 2)
         fake.stop()
     }
