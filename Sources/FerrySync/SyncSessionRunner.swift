@@ -305,8 +305,11 @@ public final class SyncSessionRunner {
                 reached(\.streamInfo)
                 return machine.streamInfoRead(bytes, now: readClock())
             } catch {
-                if transport.refusedForSecurity(error) { summary.refusedForSecurity = true }
-                return machine.streamInfoFailed("\(error)", now: readClock())
+                let actions = machine.streamInfoFailed("\(error)", now: readClock())
+                // Only a failure that ends the session is what it ended on (one the machine ignores is not).
+                let ends = actions.contains { if case .disconnect = $0 { true } else { false } }
+                if ends && transport.refusedForSecurity(error) { summary.refusedForSecurity = true }
+                return actions
             }
         case .loadCursor(let epoch):
             do {
