@@ -22,6 +22,10 @@ Measured per session:
 (personality ADDR_NO_RANDOMIZE, as `setarch -R`): the bed's QEMU (7.2, TCG) keys the code it has translated by
 virtual address, so a process whose code lands at new addresses has all of it translated again, a cost a
 Raspberry Pi never pays. With it, what remains is closer to the code's own cost; the default keeps ASLR.
+`--bonded` pairs the gateway with each peripheral (Just Works, `ferry pair`, before its session and not measured;
+the bed's peripherals then want encryption): both centrals connect to a bonded peripheral over an encrypted
+link, the production path (`ferry run` syncs only bonded peripherals), where Ferry subscribes to DATA during
+its STREAM_INFO read. Without it the peripherals are open and unbonded, and Ferry reads STREAM_INFO first.
 Writes RESULTS/bench.json.
 """
 import json
@@ -40,6 +44,7 @@ BLEAK_PYTHON = os.environ.get("BENCH_BLEAK_PYTHON", os.path.join(b.ROOT, ".testb
 HZ = os.sysconf("SC_CLK_TCK")
 ADDR_NO_RANDOMIZE = 0x0040000
 NO_ASLR = "--no-aslr" in sys.argv
+BONDED = "--bonded" in sys.argv
 
 
 def without_aslr() -> None:
@@ -112,8 +117,20 @@ def ferry_store() -> str:
     return os.path.join(b.scratch(), "ferry.sqlite")
 
 
+def pair(addr: str) -> None:
+    """--bonded: bonds the gateway with `addr` (Just Works) and waits for the pairing's link to go down, so the
+    session starts from a bonded, disconnected peripheral. Its own store: the sessions' store stays as without."""
+    run = b.ferry(["pair", "--address", addr, "--adapter", b.adapter(), "--db",
+                   os.path.join(b.scratch(), "pairing.sqlite"), "--timeout", "90"], 120)
+    if run.rc != 0:
+        raise RuntimeError(f"ferry pair {addr} exited {run.rc}: {run.stderr.strip()[-300:]}")
+    b.stats_when(addr, lambda x: not x.get("connected"), timeout=10)
+
+
 def run_session(name: str, addr: str, events: int, window: int, ack_every: int, index: int) -> dict:
     log_name = f"{index:02d}-{name}"
+    if BONDED:
+        pair(addr)
     if name.startswith("ferry"):
         db = ferry_store()
         cmd = [b.FERRY, *b.sync_args(addr, db, "--notify", "acquire", "--window", str(window),
@@ -210,7 +227,7 @@ def main() -> int:
             print(json.dumps(rows[-1]), flush=True)
     with open(os.path.join(b.results_dir(), "bench.json"), "w") as f:
         json.dump({"events": events, "rounds": rounds, "pipelined_window": pipelined, "ferry": b.FERRY,
-                   "aslr": not NO_ASLR,
+                   "aslr": not NO_ASLR, "bonded": BONDED,
                    "rows": rows}, f, indent=1)
     return 0
 
