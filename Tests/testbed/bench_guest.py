@@ -120,11 +120,20 @@ def ferry_store() -> str:
 def pair(addr: str) -> None:
     """--bonded: bonds the gateway with `addr` (Just Works) and waits for the pairing's link to go down, so the
     session starts from a bonded, disconnected peripheral. Its own store: the sessions' store stays as without."""
+    before = b.stats(addr).get("connections", 0)
     run = b.ferry(["pair", "--address", addr, "--adapter", b.adapter(), "--db",
                    os.path.join(b.scratch(), "pairing.sqlite"), "--timeout", "90"], 120)
     if run.rc != 0:
         raise RuntimeError(f"ferry pair {addr} exited {run.rc}: {run.stderr.strip()[-300:]}")
-    b.stats_when(addr, lambda x: not x.get("connected"), timeout=10)
+    b.stats_when(addr, link_ended_since(before), timeout=10)
+
+
+def link_ended_since(connections_before: int):
+    """A stats predicate: a connection after `connections_before` of them was made and the link is down again
+    (the stats file can lag the event by 0.5 s)."""
+    return lambda x: (x.get("connections", 0) > connections_before and not x.get("connected")
+                      and x.get("disconnected_at") is not None
+                      and x["disconnected_at"] >= (x.get("last_connected_at") or 0))
 
 
 def run_session(name: str, addr: str, events: int, window: int, ack_every: int, index: int) -> dict:
@@ -145,13 +154,15 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
         # 0.55-0.62 s in the same boot). A gateway loads them from its own disk, usually cached: warm them first.
         subprocess.run([b.FERRY, "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False,
                        **launch_options())
+    connections_before = b.stats(addr).get("connections", 0)
     before = daemon_cpu()
     rc, stdout, wall, cpu = run_measured(cmd, log_name, 300)
     after = daemon_cpu()
     lines = [l for l in stdout.splitlines() if l.startswith("{")]
     reported = json.loads(lines[-1]) if lines else {}
     # The peripheral writes its stats within 0.5 s of a change: wait for the disconnection to show.
-    s = b.stats_when(addr, lambda x: x.get("disconnected_at") is not None, timeout=5)
+    # With --bonded the pairing's link came and went before: wait for the end of the session's own link.
+    s = b.stats_when(addr, link_ended_since(connections_before), timeout=5)
     row = {"reader": name, "peripheral": addr, "rc": rc, "events": events, "window": window, "ack_every": ack_every,
            "wall_seconds": round(wall, 3), "process_cpu_seconds": round(cpu, 3),
            "bluetoothd_cpu_seconds": round(after["bluetoothd"] - before["bluetoothd"], 3),
@@ -164,8 +175,9 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
            "peripheral_window_wait_seconds": s.get("window_wait_seconds"), "reported": reported}
     if s.get("first_data_at") is not None and s.get("last_data_at") is not None:
         row["data_seconds"] = round(s["last_data_at"] - s["first_data_at"], 4)
-    if s.get("connected_at") is not None and s.get("disconnected_at") is not None:
-        row["link_seconds"] = round(s["disconnected_at"] - s["connected_at"], 4)
+    connected_at = s.get("last_connected_at", s.get("connected_at"))  # the session's link, not the pairing's
+    if connected_at is not None and s.get("disconnected_at") is not None:
+        row["link_seconds"] = round(s["disconnected_at"] - connected_at, 4)
     if row.get("data_seconds"):
         row["frames_per_second"] = round(s["frames_sent"] / row["data_seconds"], 1)
     if "data_seconds" in row and "link_seconds" in row:

@@ -258,7 +258,7 @@ class SyncPeripheral:
             "clear_link_refusals": 0, "clear_link_refusal_list": [], "bonds_forgotten": 0,
             # The peripheral's own clock (time.monotonic in the guest), for benchmarks: the first and the last
             # DATA frame put on the air, the first connection and the last disconnection.
-            "first_data_at": None, "last_data_at": None, "connected_at": None, "disconnected_at": None,
+            "first_data_at": None, "last_data_at": None, "connected_at": None, "last_connected_at": None, "disconnected_at": None,
             # Seconds the peripheral had events to send but had used up the gateway's window (waiting for an
             # ACK): what a pipelined window is meant to remove.
             "window_wait_seconds": 0.0,
@@ -381,8 +381,10 @@ class SyncPeripheral:
 
     def on_connection(self, connection):
         self.stats["connections"] += 1
+        now = time.monotonic()
         if self.stats["connected_at"] is None:
-            self.stats["connected_at"] = time.monotonic()
+            self.stats["connected_at"] = now
+        self.stats["last_connected_at"] = now
         session = Session(connection)
         self.sessions[connection.handle] = session
         self.stats["last_link_encrypted"] = False
