@@ -257,8 +257,9 @@ class SyncPeripheral:
             "bonds": 0, "frames_sent_unencrypted": 0, "notifications_blocked_unencrypted": 0,
             "clear_link_refusals": 0, "clear_link_refusal_list": [], "bonds_forgotten": 0,
             # The peripheral's own clock (time.monotonic in the guest), for benchmarks: the first and the last
-            # DATA frame put on the air, the first connection and the last disconnection.
-            "first_data_at": None, "last_data_at": None, "connected_at": None, "last_connected_at": None, "disconnected_at": None,
+            # DATA frame put on the air, the first and the latest connection, the last disconnection.
+            "first_data_at": None, "last_data_at": None, "connected_at": None, "last_connected_at": None,
+            "disconnected_at": None,
             # Seconds the peripheral had events to send but had used up the gateway's window (waiting for an
             # ACK): what a pipelined window is meant to remove.
             "window_wait_seconds": 0.0,
