@@ -117,6 +117,14 @@ def ferry_store() -> str:
     return os.path.join(b.scratch(), "ferry.sqlite")
 
 
+def link_ended_since(connections_before: int):
+    """A stats predicate: a connection after `connections_before` of them was made and the link is down again
+    (the stats file can lag the event by 0.5 s)."""
+    return lambda x: (x.get("connections", 0) > connections_before and not x.get("connected")
+                      and x.get("disconnected_at") is not None
+                      and x["disconnected_at"] >= (x.get("last_connected_at") or 0))
+
+
 def pair(addr: str) -> None:
     """--bonded: bonds the gateway with `addr` (Just Works) and waits for the pairing's link to go down, so the
     session starts from a bonded, disconnected peripheral. Its own store: the sessions' store stays as without."""
@@ -126,14 +134,6 @@ def pair(addr: str) -> None:
     if run.rc != 0:
         raise RuntimeError(f"ferry pair {addr} exited {run.rc}: {run.stderr.strip()[-300:]}")
     b.stats_when(addr, link_ended_since(before), timeout=10)
-
-
-def link_ended_since(connections_before: int):
-    """A stats predicate: a connection after `connections_before` of them was made and the link is down again
-    (the stats file can lag the event by 0.5 s)."""
-    return lambda x: (x.get("connections", 0) > connections_before and not x.get("connected")
-                      and x.get("disconnected_at") is not None
-                      and x["disconnected_at"] >= (x.get("last_connected_at") or 0))
 
 
 def run_session(name: str, addr: str, events: int, window: int, ack_every: int, index: int) -> dict:
