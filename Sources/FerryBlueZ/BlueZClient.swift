@@ -110,27 +110,26 @@ public final class BlueZClient: Sendable {
     ) async throws -> BlueZDevice {
         if let known = await knownDevice(address: address, on: adapter) { return known }
         let discovery = discovery(on: adapter)
-        let clock = ContinuousClock()
-        let deadline = clock.now + timeout
+        let clock = SystemMonotonicClock()
+        let deadline = clock.deadline(after: timeout)
         let lease = try await discovery.acquire(
             startTimeout: startTimeout ?? max(BlueZDiscovery.defaultStartTimeout, timeout))
         let probe: @Sendable (BlueZObjects) -> String? = { Self.devicePath(address: address, adapter: adapter, in: $0) }
         do {
             while true {
-                let left = deadline - clock.now
                 do {
-                    let found = try await objects.waitFor(timeout: min(window, max(.zero, left)), probe)
+                    let found = try await objects.waitFor(timeout: min(window, clock.remaining(until: deadline)), probe)
                     await lease.release()
                     return BlueZDevice(path: found, cache: objects)
                 } catch let error as BlueZError where error.kind == .timeout {
-                    await discovery.catchUp(within: min(window, max(.milliseconds(500), deadline - clock.now)))
+                    await discovery.catchUp(within: min(window, max(.milliseconds(500), clock.remaining(until: deadline))))
                     if let found = probe(await objects.snapshot) {
                         await lease.release()
                         return BlueZDevice(path: found, cache: objects)
                     }
                     // Not in bluetoothd's tree either: perhaps nothing scans although bluetoothd says it does.
                     await discovery.kickIfStale()
-                    guard clock.now < deadline else { break }
+                    guard clock.now() < deadline else { break }
                 }
             }
         } catch {

@@ -113,7 +113,8 @@ public struct ConnectRetryPolicy: Sendable {
     public var configuration: Configuration
     private let random: @Sendable () -> Double
     private var attempts: [ConnectFailureClass: Int] = [:]
-    private var lastFailure: ContinuousClock.Instant?
+    /// A `MonotonicClock` reading.
+    private var lastFailure: Double?
 
     /// `random` must return values in [0, 1).
     public init(configuration: Configuration = Configuration(), random: @escaping @Sendable () -> Double = { Double.random(in: 0..<1) }) {
@@ -129,9 +130,10 @@ public struct ConnectRetryPolicy: Sendable {
         lastFailure = nil
     }
 
-    /// `bonded`: BlueZ holds keys for the device (Paired/Bonded), read just before the call.
-    public mutating func next(after error: BlueZError, now: ContinuousClock.Instant, bonded: Bool = false) -> ConnectRecovery {
-        if let lastFailure, now - lastFailure >= configuration.forgetAfter { attempts.removeAll() }
+    /// `now`: a `MonotonicClock` reading. `bonded`: BlueZ holds keys for the device (Paired/Bonded), read just
+    /// before the call.
+    public mutating func next(after error: BlueZError, now: Double, bonded: Bool = false) -> ConnectRecovery {
+        if let lastFailure, now - lastFailure >= configuration.forgetAfter.inSeconds { attempts.removeAll() }
         lastFailure = now
         let failureClass = ConnectFailureClassifier.classify(error)
         let n = (attempts[failureClass] ?? 0) + 1

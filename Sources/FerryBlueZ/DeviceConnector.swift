@@ -1,4 +1,5 @@
 import FerryDBus
+import FerryCore
 
 /// Drives Device1.Connect through `ConnectRetryPolicy`: it executes the recovery the policy picks
 /// (backoff, disconnect/remove on stale state, rediscovery, waiting for the adapter or bluetoothd).
@@ -14,20 +15,20 @@ public struct DeviceConnector: Sendable {
     /// How long to rediscover a vanished device, or to wait for the adapter / bluetoothd.
     public var waitTimeout: Duration = .seconds(30)
     private let sleep: @Sendable (Duration) async throws -> Void
-    private let now: @Sendable () -> ContinuousClock.Instant
+    private let clock: any MonotonicClock
     private let log: DBusLogSink?
 
     public init(
         client: BlueZClient, adapter: BlueZAdapter, address: String, log: DBusLogSink? = nil,
         sleep: @escaping @Sendable (Duration) async throws -> Void = { try await Task.sleep(for: $0) },
-        now: @escaping @Sendable () -> ContinuousClock.Instant = { ContinuousClock.now }
+        clock: any MonotonicClock = SystemMonotonicClock()
     ) {
         self.client = client
         self.adapter = adapter
         self.address = address
         self.log = log
         self.sleep = sleep
-        self.now = now
+        self.clock = clock
     }
 
     /// Connects, recovering as the policy says. Returns the connected device; throws the last error
@@ -48,7 +49,7 @@ public struct DeviceConnector: Sendable {
             }
             // Read just before the decision: the policy never chooses RemoveDevice for a bonded device.
             let bonded = await Self.holdsKeys(device)
-            let recovery = policy.next(after: failure, now: now(), bonded: bonded)
+            let recovery = policy.next(after: failure, now: clock.now(), bonded: bonded)
             log?("bluez: connect \(address) failed: \(failure) → \(recovery)")
             switch recovery {
             case .proceed:

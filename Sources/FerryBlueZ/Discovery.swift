@@ -186,10 +186,11 @@ public actor BlueZDiscovery {
     }
 
     private func start(timeout: Duration) async throws {
-        let deadline = ContinuousClock.now + timeout
+        let clock = SystemMonotonicClock()
+        let deadline = clock.deadline(after: timeout)
         try await adapter.setDiscoveryFilter(serviceUUIDs: serviceUUIDs, timeout: timeout)
         do {
-            try await adapter.startDiscovery(timeout: max(.seconds(1), deadline - ContinuousClock.now))
+            try await adapter.startDiscovery(timeout: max(.seconds(1), clock.remaining(until: deadline)))
         } catch let error as BlueZError where error.kind == .inProgress {
             // Our client already has a session (state we lost track of): it is discovering, which is what we want.
             log?("bluez: StartDiscovery on \(adapter.name) already in progress; sharing it")

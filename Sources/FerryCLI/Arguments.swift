@@ -1,3 +1,5 @@
+import FerryCore
+
 /// A usage mistake: printed as one line, exit status 2.
 public struct UsageError: Error, CustomStringConvertible {
     public var description: String
@@ -66,10 +68,12 @@ struct ParsedArguments {
         return value
     }
 
-    func number(_ name: String, default fallback: Double, minimum: Double = 0) throws -> Double {
+    /// A bounded range for every number: seconds and hours become `Duration`s and milliseconds, which have limits.
+    func number(_ name: String, default fallback: Double, range: ClosedRange<Double>) throws -> Double {
         guard let text = values[name] else { return fallback }
-        guard let value = Double(text), value.isFinite, value >= minimum else {
-            throw UsageError("\(name) must be a number ≥ \(minimum), got '\(text)'")
+        guard let value = Double(text), range.contains(value) else {
+            let bounds = cFormat("%g...%g", range.lowerBound, range.upperBound)
+            throw UsageError("\(name) must be a number (\(bounds)), got '\(text)'")
         }
         return value
     }

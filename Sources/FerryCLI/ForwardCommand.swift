@@ -34,7 +34,7 @@ enum ForwardCommand {
           --backoff-max-ms N    longest backoff ceiling and offline pause (default 300000)
           --max-retry-after-ms N  a longer Retry-After from the backend is cut to this (default 3600000)
           --retention-hours H   delete delivered (COMPLETED) events and their frames H hours after delivery
-                                (default 72; 0 = at the next housekeeping, once a minute)
+                                (0-87600, default 72; 0 = at the next housekeeping, once a minute)
           --gzip MODE           never | auto (when the backend advertises Accept-Encoding: gzip) | always;
                                 default auto; bodies under 1 KiB are never compressed
           --ca-file F           PEM CA certificates to verify the backend with instead of the system's bundle
@@ -70,8 +70,7 @@ enum ForwardCommand {
         let batchEvents = try args.integer("--batch-events", Int.self, default: 50, range: 1...10_000)
         let timeout = try args.integer("--timeout", Int.self, default: 30, range: 1...3600)
         let maxRetries = try args.integer("--max-retries", Int.self, default: 12, range: 0...1000)
-        let retentionHours = try args.number("--retention-hours", default: 72)
-        guard retentionHours <= 87_600 else { throw UsageError("--retention-hours must be at most 87600 (10 years)") }
+        let retentionHours = try args.number("--retention-hours", default: 72, range: 0...87_600)  // 10 years, as in the config
         let backoffBase = try args.integer("--backoff-base-ms", Int.self, default: 500, range: 1...3_600_000)
         let backoffMax = try args.integer("--backoff-max-ms", Int.self, default: 300_000, range: 1...86_400_000)
         let maxRetryAfter = try args.integer("--max-retry-after-ms", Int.self, default: 3_600_000, range: 0...86_400_000)
@@ -133,14 +132,15 @@ enum ForwardCommand {
         } catch {
             throw CommandFailure("database \(dbPath): \(error)")
         }
-        let started = ContinuousClock.now  // monotonic: a Pi without a clock chip steps its wall clock at boot
+        let clock = SystemMonotonicClock()
+        let started = clock.now()
         let report: ForwardReport
         do {
             report = try AsyncBridge.run(cancelOnSignals: true) { try await forwarder.run(untilEmpty: untilEmpty) }
         } catch let error as ForwarderError {
             throw CommandFailure("database \(dbPath): \(error)")
         }
-        let seconds = (ContinuousClock.now - started).inSeconds
+        let seconds = clock.seconds(since: started)
         progress.clear()
         if args.flags.contains("--json") {
             output.out(

@@ -30,7 +30,7 @@ enum PairCommand {
                            can succeed.
           --db PATH        the gateway store, e.g. /var/lib/ferry/ferry.sqlite (created if missing)
           --adapter hciN   the Bluetooth adapter (default: the first one)
-          --timeout S      give up after S seconds (default 90)
+          --timeout S      give up after S seconds (1-3600, default 90)
           --bus ADDRESS    D-Bus address of the bus bluetoothd is on (default: the system bus)
           --json           print {"address","identity_address","address_type","name","bonded","paired","method",
                            "duration_seconds"}; method: just-works | passkey | numeric-comparison | existing-bond
@@ -52,7 +52,7 @@ enum PairCommand {
         let dbPath = try args.required("--db", command: "pair")
         let passkey: UInt32? = args.values["--passkey"] == nil
             ? nil : try args.integer("--passkey", UInt32.self, default: 0, range: 0...999_999)
-        let timeout = try args.number("--timeout", default: 90, minimum: 1)
+        let timeout = try args.number("--timeout", default: 90, range: 1...3_600)
         let adapterName = args.values["--adapter"]
         let bus = args.values["--bus"]
         let log: any LogSink = StderrLogSink(minimum: args.flags.contains("--verbose") ? .info : .notice)

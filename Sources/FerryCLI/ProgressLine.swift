@@ -16,7 +16,8 @@ struct ProgressLine: Sendable {
     private struct Screen {
         var shown = false
         var lastText = ""
-        var lastDraw = ContinuousClock.now - .seconds(1)
+        /// A `SystemMonotonicClock` reading.
+        var lastDraw = -Double.infinity
     }
     private static let screen = LockedValue(Screen())
 
@@ -33,8 +34,8 @@ struct ProgressLine: Sendable {
     func update(_ text: String, force: Bool = false) {
         guard enabled else { return }
         Self.screen.withLock { s in
-            let now = ContinuousClock.now
-            guard text != s.lastText || !s.shown, force || now - s.lastDraw >= .milliseconds(100) else { return }
+            let now = SystemMonotonicClock().now()
+            guard text != s.lastText || !s.shown, force || now - s.lastDraw >= 0.1 else { return }
             s.lastText = text
             s.lastDraw = now
             s.shown = true

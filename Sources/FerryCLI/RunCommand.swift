@@ -29,7 +29,7 @@ enum RunCommand {
           --allow-any              lab mode: sync any peripheral advertising the Sync service
           --allow-unbonded         lab mode: also sync peripherals BlueZ holds no bond for (require_bond false)
           --max-connections N      concurrent sessions (default 3)
-          --sync-interval S        re-sync a caught-up peripheral after S seconds (default 60)
+          --sync-interval S        re-sync a caught-up peripheral after S seconds (0-86400, default 60)
           --window N               SYNC_REQ window: frames the peripheral may send past the last ACK (default 2000)
           --ack-every N            commit + SYNC_ACK every N frames, at most the window (default 20)
           --endpoint URL           uplink endpoint; without one, store only
@@ -139,7 +139,7 @@ enum RunCommand {
             c.maxConnections = try args.integer("--max-connections", Int.self, default: 3, range: 1...10)
         }
         if args.values["--sync-interval"] != nil {
-            c.syncIntervalSeconds = try args.number("--sync-interval", default: 60, minimum: 0)
+            c.syncIntervalSeconds = try args.number("--sync-interval", default: 60, range: 0...86_400)  // as in the config
         }
         if args.values["--window"] != nil {
             c.window = try args.integer("--window", UInt16.self, default: Frame.defaultWindow, range: 1...UInt16.max)

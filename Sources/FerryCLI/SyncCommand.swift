@@ -20,7 +20,7 @@ enum SyncCommand {
           --address ADDR     the peripheral, AA:BB:CC:DD:EE:FF (discovered first if BlueZ does not know it)
           --adapter hciN     the Bluetooth adapter (default: the first one)
           --db PATH          the gateway store (created if missing)
-          --timeout S        give up after S seconds (default 120); what is committed stays committed
+          --timeout S        give up after S seconds (1-86400, default 120); what is committed stays committed
           --window N         frames the peripheral may send beyond the last ACK (default 2000: pipelined, batches
                              stay on the air while earlier ones commit and their ACKs travel)
           --ack-every N      commit + SYNC_ACK every N frames (default 20, or the window if smaller); at most
@@ -60,7 +60,7 @@ enum SyncCommand {
         guard args.positionals.isEmpty else { throw UsageError("unexpected argument '\(args.positionals[0])'") }
         let address = try FerryCommandLine.address(try args.required("--address", command: "sync"), option: "--address")
         let dbPath = try args.required("--db", command: "sync")
-        let timeout = try args.number("--timeout", default: 120, minimum: 1)
+        let timeout = try args.number("--timeout", default: 120, range: 1...86_400)
         let window = try args.integer("--window", UInt16.self, default: Frame.defaultWindow, range: 1...UInt16.max)
         let ackEvery = try args.integer(
             "--ack-every", Int.self, default: min(Frame.defaultAckEvery, Int(window)), range: 1...65_535)
@@ -185,7 +185,6 @@ enum SyncCommand {
         configuration: SyncSession.Configuration, notify: GattNotifyMethod, diskBudget: Int64?, requireBond: Bool,
         log: any LogSink, progress: ProgressLine = ProgressLine(enabled: false), store: StoreHandoff
     ) async throws -> Outcome {
-        let started = ContinuousClock.now
         // Phase times on the session runner's clock, so the two halves line up.
         let phaseClock = SystemMonotonicClock()
         let origin = phaseClock.now()
@@ -195,11 +194,9 @@ enum SyncCommand {
             setup.append((name, phaseClock.now() - origin))
             setupCPU.append((name, ProcessCPU.seconds()))
         }
-        let deadline = started + .milliseconds(Int64(timeout * 1000))
-        func remaining() -> Duration { max(.milliseconds(100), deadline - ContinuousClock.now) }
-        func seconds() -> Double {
-            (ContinuousClock.now - started).inSeconds
-        }
+        let deadline = origin + timeout
+        func remaining() -> Duration { max(.milliseconds(100), phaseClock.remaining(until: deadline)) }
+        func seconds() -> Double { phaseClock.seconds(since: origin) }
 
         progress.update("\(address): connecting", force: true)
         let client = try await BlueZAccess.client(bus: bus)

@@ -22,24 +22,6 @@ public func writeAll(_ fd: Int32, _ bytes: [UInt8]) -> Int32? {
     return nil
 }
 
-/// CLOCK_MONOTONIC in nanoseconds: the deadlines of the threads that sleep on their own (ThreadExecutor,
-/// DeadlineThread). A wall-clock step (NTP after days offline) moves none of them.
-public func monotonicNanoseconds() -> Int {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &now)
-    return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
-}
-
-/// CLOCK_MONOTONIC_COARSE in nanoseconds: the same timeline as `monotonicNanoseconds`, as of the kernel's last
-/// tick (a few ms behind at most), read from the vDSO whatever the clock source. Where the clock source cannot be
-/// read from user space (an HPET, as in a TCG virtual machine), `monotonicNanoseconds` is a system call each time:
-/// ThreadExecutor's loop, which looks at the time after every wake-up, uses this one.
-public func coarseMonotonicNanoseconds() -> Int {
-    var now = timespec()
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &now)
-    return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
-}
-
 /// Reads `fd` from its current offset to the end of the file, or up to `limit` bytes; nil with errno set when
 /// a read fails. Again after a signal interrupts a read.
 public func readUpTo(_ fd: Int32, limit: Int) -> [UInt8]? {

@@ -14,4 +14,15 @@ extension Duration {
         if seconds <= Double(Int.min) { return Int.min }
         return Int(seconds)
     }
+
+    /// The longest wait Ferry computes (some 31 700 years): where a timeout or interval from outside is converted,
+    /// larger values (and infinity) become this instead of trapping, as `Duration.seconds(_: Double)` does past
+    /// its range.
+    public static let longestWait = Duration.seconds(1_000_000_000_000)
+
+    /// `seconds` as a Duration, clamped to 0...`longestWait` (NaN: 0).
+    public static func secondsClamped(_ seconds: Double) -> Duration {
+        guard seconds > 0 else { return .zero }
+        return seconds >= longestWait.inSeconds ? longestWait : .seconds(seconds)
+    }
 }

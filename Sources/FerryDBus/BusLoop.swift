@@ -137,8 +137,9 @@ final class BusMailbox: Sendable {
 final class BusLoop {
     private final class TimeoutEntry {
         let pointer: OpaquePointer
-        var armedAt: ContinuousClock.Instant
-        init(pointer: OpaquePointer, armedAt: ContinuousClock.Instant) {
+        /// A `clock` reading.
+        var armedAt: Double
+        init(pointer: OpaquePointer, armedAt: Double) {
             self.pointer = pointer
             self.armedAt = armedAt
         }
@@ -151,7 +152,8 @@ final class BusLoop {
             case ownerLookup(name: String)
         }
         var completion: Completion
-        var deadline: ContinuousClock.Instant
+        /// A `clock` reading.
+        var deadline: Double
     }
 
     private struct Subscription {
@@ -163,7 +165,7 @@ final class BusLoop {
     private var connection: OpaquePointer { handle.pointer }
     private let mailbox: BusMailbox
     private let log: DBusLogSink?
-    private let clock = ContinuousClock()
+    private let clock = SystemMonotonicClock()
 
     private var watches: [OpaquePointer] = []
     private var timeouts: [TimeoutEntry] = []
@@ -208,7 +210,7 @@ final class BusLoop {
             { timeout, data in
                 guard let timeout, let data else { return 0 }
                 let loop = Unmanaged<BusLoop>.fromOpaque(data).takeUnretainedValue()
-                loop.timeouts.append(TimeoutEntry(pointer: timeout, armedAt: loop.clock.now))
+                loop.timeouts.append(TimeoutEntry(pointer: timeout, armedAt: loop.clock.now()))
                 return 1
             },
             { timeout, data in
@@ -218,7 +220,7 @@ final class BusLoop {
             { timeout, data in
                 guard let timeout, let data else { return }
                 let loop = Unmanaged<BusLoop>.fromOpaque(data).takeUnretainedValue()
-                for entry in loop.timeouts where entry.pointer == timeout { entry.armedAt = loop.clock.now }
+                for entry in loop.timeouts where entry.pointer == timeout { entry.armedAt = loop.clock.now() }
             },
             context, nil)
         _ = dbus_connection_add_filter(connection, Self.filter, context, nil)
@@ -260,15 +262,15 @@ final class BusLoop {
     }
 
     private func waitForEvents() {
-        var nextDeadline: ContinuousClock.Instant? = calls.values.map(\.deadline).min()
+        var nextDeadline: Double? = calls.values.map(\.deadline).min()
         for entry in timeouts where dbus_timeout_get_enabled(entry.pointer) != 0 {
-            let due = entry.armedAt + .milliseconds(Int(dbus_timeout_get_interval(entry.pointer)))
+            let due = entry.armedAt + Self.seconds(entry)
             nextDeadline = nextDeadline.map { min($0, due) } ?? due
         }
         var timeoutMS: Int32 = -1
         if let nextDeadline {
-            let remaining = nextDeadline - clock.now
-            timeoutMS = remaining <= .zero ? 0 : Int32(min(remaining / .milliseconds(1), 60_000).rounded(.up))
+            let remaining = nextDeadline - clock.now()
+            timeoutMS = remaining <= 0 ? 0 : Int32(min(remaining * 1000, 60_000).rounded(.up))
         }
 
         var fds = [pollfd(fd: mailbox.wakeFD, events: Int16(POLLIN), revents: 0)]
@@ -301,9 +303,9 @@ final class BusLoop {
         }
 
         guard anythingTimed else { return }
-        let after = clock.now
+        let after = clock.now()
         for entry in timeouts where dbus_timeout_get_enabled(entry.pointer) != 0 {
-            if after - entry.armedAt >= .milliseconds(Int(dbus_timeout_get_interval(entry.pointer))) {
+            if after - entry.armedAt >= Self.seconds(entry) {
                 entry.armedAt = after
                 _ = dbus_timeout_handle(entry.pointer)
             }
@@ -311,7 +313,12 @@ final class BusLoop {
         expireCalls(now: after)
     }
 
-    private func expireCalls(now: ContinuousClock.Instant) {
+    /// A libdbus timeout's interval, in seconds.
+    private static func seconds(_ entry: TimeoutEntry) -> Double {
+        Double(dbus_timeout_get_interval(entry.pointer)) / 1000
+    }
+
+    private func expireCalls(now: Double) {
         let expired = calls.filter { $0.value.deadline <= now }
         for (serial, entry) in expired {
             calls[serial] = nil
@@ -346,7 +353,7 @@ final class BusLoop {
         case .call(let outgoing, let timeout, let pending):
             do {
                 let serial = try send(outgoing)
-                calls[serial] = CallEntry(completion: .caller(pending), deadline: clock.now + timeout)
+                calls[serial] = CallEntry(completion: .caller(pending), deadline: clock.deadline(after: timeout))
             } catch {
                 pending.finish(.failure(error))
             }
@@ -399,7 +406,7 @@ final class BusLoop {
         do {
             _ = try send(addMatch)
             let serial = try send(lookup)
-            calls[serial] = CallEntry(completion: .ownerLookup(name: name), deadline: clock.now + .seconds(25))
+            calls[serial] = CallEntry(completion: .ownerLookup(name: name), deadline: clock.deadline(after: .seconds(25)))
         } catch {
             log?("dbus: cannot track owner of \(name): \(error)")
         }

@@ -793,6 +793,7 @@ public actor GatewayDaemon {
         health?.expect(.forwarder)
         let health = self.health
         let storageSignals = self.storageSignals
+        let clock = self.clock
         let eventsDelivered = LockedValue(0)
         forwarding.onProgress = { report in
             health?.beat(.forwarder)
@@ -808,7 +809,7 @@ public actor GatewayDaemon {
             // locked file) does not silently stop the uplink for the rest of the daemon's life.
             var lastError = ""
             while !Task.isCancelled {
-                let started = ContinuousClock.now
+                let started = clock.now()
                 do {
                     let forwarder = try OutboxForwarder(
                         databasePath: databasePath, poster: poster, configuration: forwarding,
@@ -821,7 +822,7 @@ public actor GatewayDaemon {
                     if Self.isDiskFull(error) { storageSignals.nudge(.diskFull) }
                     // Said once per cause while it keeps failing at once: another forwarder holding the store's
                     // lease may do so for hours.
-                    if ContinuousClock.now - started > .seconds(60) { lastError = "" }
+                    if clock.seconds(since: started) > 60 { lastError = "" }
                     if "\(error)" != lastError { log.log(.error, "uplink: stopped on \(error); retrying every 5 s") }
                     lastError = "\(error)"
                 }

@@ -62,7 +62,8 @@ public struct PeripheralPairing: Sendable {
     /// Pairs with `address`. `passkey`: the number the peripheral displays (passkey entry) or shows for
     /// comparison; without it only Just Works can succeed.
     public func pair(address: PeripheralAddress, passkey: UInt32?, store: GatewayStore) async throws -> Result {
-        let started = ContinuousClock.now
+        let clock = SystemMonotonicClock()
+        let started = clock.now()
         let requests = LockedValue<[BlueZAgentRequest]>([])
         progress(.connecting)
         let device = try await connect(address)
@@ -129,10 +130,9 @@ public struct PeripheralPairing: Sendable {
             TrustedPeripheral(
                 address: identity, addressType: addressType == "random" ? "random" : "public", name: name,
                 pairingMethod: method, pairedAt: SystemWallClock().nowMillis()))
-        let elapsed = ContinuousClock.now - started
         return Result(
             address: identity, addressType: addressType, name: name, method: method, bonded: bonded,
-            seconds: elapsed.inSeconds)
+            seconds: clock.seconds(since: started))
     }
 
     /// Device1.Pair, done when BlueZ reports the bond. Two things seen with bluetoothd 5.66 in the test bed:

@@ -67,17 +67,17 @@ public enum PeripheralScan {
             heard.withLock { $0 }.union(objects.byPath.keys.filter { !known.contains($0) })
         }
         let lease = try await client.discovery(on: adapter).acquire()
-        let clock = ContinuousClock()
-        let end = clock.now + .milliseconds(Int64(seconds * 1000))
+        let clock = SystemMonotonicClock()
+        let end = clock.now() + seconds
         var found: [ScannedPeripheral] = []
         do {
-            while clock.now < end {
+            while clock.now() < end {
                 try Task.checkCancellation()
                 let objects = await client.objects.snapshot
                 found = inRange(objects, adapterPath: adapter.path, heard: heardNow(objects))
-                let left = end - clock.now
-                progress(found.count, max(0, left.inSeconds))
-                try await Task.sleep(for: min(.milliseconds(500), max(.zero, left)))
+                let left = clock.remaining(until: end)
+                progress(found.count, left.inSeconds)
+                try await Task.sleep(for: min(.milliseconds(500), left))
             }
             // bluetoothd may not have announced what it found yet (its signals and its answers wait for an idle
             // main loop, which a flood of advertising reports starves): ask for its tree, which also waits until it

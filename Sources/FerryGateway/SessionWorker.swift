@@ -34,9 +34,9 @@ public struct SessionWorker: Sendable {
         public var waitTimeout: Duration
         public var connectTimeout: Duration
         public var resolveTimeout: Duration
-        /// `ferry sync --timeout`: the connect and the resolve are also bounded by what is left until it when
-        /// they start (at least 100 ms). nil: their own timeouts only (the daemon).
-        public var deadline: ContinuousClock.Instant?
+        /// `ferry sync --timeout`, a reading of the worker's `clock`: the connect and the resolve are also bounded
+        /// by what is left until it when they start (at least 100 ms). nil: their own timeouts only (the daemon).
+        public var deadline: Double?
         /// Level of the connector's own lines (its retries): the daemon keeps them at debug, `ferry sync` shows them.
         public var connectorLogLevel: LogLevel = .debug
         /// Counts frames and bytes as the session goes (nil: nobody counts).
@@ -216,7 +216,7 @@ public struct SessionWorker: Sendable {
 
     private func bounded(_ timeout: Duration) -> Duration {
         guard let deadline = settings.deadline else { return timeout }
-        return min(timeout, max(.milliseconds(100), deadline - ContinuousClock.now))
+        return min(timeout, max(.milliseconds(100), clock.remaining(until: deadline)))
     }
 
     /// Under require_bond: returns if BlueZ holds a bond for the connected `device`; otherwise disconnects it.

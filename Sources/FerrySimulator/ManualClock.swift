@@ -1,4 +1,4 @@
-import FerrySync
+import FerryCore
 import Synchronization
 
 /// A monotonic clock that only moves when told to: the session driver advances it to the runner's next

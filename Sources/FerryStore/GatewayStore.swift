@@ -1,4 +1,5 @@
 import CSQLite
+import FerryCore
 import FerryProtocol
 import FoundationEssentials
 import Glibc
@@ -93,11 +94,12 @@ public final class GatewayStore {
     /// handler: a second process opening the same new store at that moment got SQLITE_BUSY at once (seen
     /// under load in StoreOpeningTests). Retried for up to 5 s, like any other busy wait on the store.
     static func retryingWhileBusy(_ body: () throws -> Void) throws {
-        let deadline = ContinuousClock.now + .seconds(5)
+        let clock = SystemMonotonicClock()
+        let deadline = clock.now() + 5
         while true {
             do {
                 return try body()
-            } catch let e as SQLiteError where e.primaryCode == SQLITE_BUSY && ContinuousClock.now < deadline {
+            } catch let e as SQLiteError where e.primaryCode == SQLITE_BUSY && clock.now() < deadline {
                 usleep(20_000)
             }
         }

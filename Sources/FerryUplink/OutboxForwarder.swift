@@ -103,7 +103,8 @@ public actor OutboxForwarder {
     private var health: UplinkHealth
     /// Schedules run on a monotonic clock (milliseconds since the forwarder was made): a wall clock stepped
     /// by NTP must not stall or rush the uplink. The wall clock only stamps rows.
-    private let origin = ContinuousClock.now
+    private let clock = SystemMonotonicClock()
+    private let origin = SystemMonotonicClock().now()
     private let owner = UUID().uuidString.lowercased()
     private var lastRenewal: Int64 = 0
     private var lastWall: Int64 = 0
@@ -138,8 +139,7 @@ public actor OutboxForwarder {
     public var healthState: UplinkHealth.State { health.state }
 
     private func mono() -> Int64 {
-        let elapsed = ContinuousClock.now - origin
-        return elapsed.components.seconds &* 1000 &+ elapsed.components.attoseconds / 1_000_000_000_000_000
+        Int64((clock.seconds(since: origin) * 1000).rounded(.down))
     }
 
     /// Runs until cancelled, or with `untilEmpty` until no PENDING or IN_FLIGHT event remains (sleeping through

@@ -8,6 +8,7 @@
 // backend under the same Idempotency-Key. libcurl with a copied body resends the whole request at once.
 
 import FerryCore
+import FerryStore
 import CCurl
 import FoundationEssentials
 import Glibc
@@ -96,14 +97,14 @@ public struct UplinkAttempt: Sendable, Hashable {
 public final class UplinkHTTPPoster: Sendable {
     public let configuration: UplinkHTTPConfiguration
     private let gzipAdvertised = Mutex(false)
-    private let wallClock: @Sendable () -> Double
+    private let wallClock: any WallClock
     private let idle: Mutex<[CurlHandle]>
     private let url: String
 
-    /// `wallClock`: seconds since 1970, used only to resolve an HTTP-date `Retry-After`.
+    /// `wallClock`: used only to resolve an HTTP-date `Retry-After`.
     public init(
         configuration: UplinkHTTPConfiguration,
-        wallClock: @escaping @Sendable () -> Double = { Date().timeIntervalSince1970 }
+        wallClock: any WallClock = SystemWallClock()
     ) throws(UplinkHTTPError) {
         guard let scheme = configuration.endpoint.scheme?.lowercased(), scheme == "https" || scheme == "http" else {
             throw .invalidEndpoint("scheme must be https or http")
@@ -151,7 +152,8 @@ public final class UplinkHTTPPoster: Sendable {
     /// POSTs `body` (the exact bytes from `UplinkBodyEncoder`) with `Idempotency-Key: idempotencyKey`.
     /// Never throws: every failure is an `UplinkOutcome`.
     public func post(body: [UInt8], idempotencyKey: String, token: BearerToken?) async -> UplinkAttempt {
-        let started = ContinuousClock.now
+        let clock = SystemMonotonicClock()
+        let started = clock.now()
         var compress = false
         switch configuration.compression {
         case .never: break
@@ -166,8 +168,7 @@ public final class UplinkHTTPPoster: Sendable {
             gzipAdvertised.withLock { $0 = false }
             attempt = await send(body: body, compress: false, idempotencyKey: idempotencyKey, token: token)
         }
-        let elapsed = ContinuousClock.now - started
-        attempt.elapsedSeconds = elapsed.inSeconds
+        attempt.elapsedSeconds = clock.seconds(since: started)
         return attempt
     }
 
@@ -213,7 +214,7 @@ public final class UplinkHTTPPoster: Sendable {
         attempt.responseSnippet = snippet
         attempt.outcome = UplinkResponseClassifier.classify(
             status: status, retryAfter: response.header("retry-after"), location: response.header("location"),
-            detail: snippet, nowSecondsSince1970: wallClock())
+            detail: snippet, nowSecondsSince1970: Double(wallClock.nowMillis()) / 1000)
         return attempt
     }
 }

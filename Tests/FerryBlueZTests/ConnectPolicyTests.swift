@@ -56,14 +56,14 @@ struct ConnectPolicyTests {
     @Test func transientFailuresBackOffExponentiallyWithEqualJitterThenGiveUp() {
         var policy = ConnectRetryPolicy(random: { 0.5 })  // fixed jitter: 3/4 of each step
         let abort = bluez("org.bluez.Error.Failed", "le-connection-abort-by-local")
-        let t0 = ContinuousClock.now
-        let delays = (0..<6).map { i -> ConnectRecovery in policy.next(after: abort, now: t0 + .seconds(i)) }
+        let t0 = 100.0
+        let delays = (0..<6).map { i -> ConnectRecovery in policy.next(after: abort, now: t0 + Double(i)) }
         #expect(
             delays == [
                 .retry(after: .milliseconds(375)), .retry(after: .milliseconds(750)), .retry(after: .milliseconds(1500)),
                 .retry(after: .seconds(3)), .retry(after: .seconds(6)), .retry(after: .seconds(11.25)),  // capped at 15 s
             ])
-        guard case .giveUp = policy.next(after: abort, now: t0 + .seconds(7)) else {
+        guard case .giveUp = policy.next(after: abort, now: t0 + 7) else {
             Issue.record("expected give-up after the transient budget")
             return
         }
@@ -73,8 +73,8 @@ struct ConnectPolicyTests {
         var low = ConnectRetryPolicy(random: { 0 })
         var high = ConnectRetryPolicy(random: { 0.999_999_999 })
         let abort = bluez("org.bluez.Error.Failed", "le-connection-abort-by-local")
-        #expect(low.next(after: abort, now: .now) == .retry(after: .milliseconds(250)))
-        guard case .retry(let d) = high.next(after: abort, now: .now) else {
+        #expect(low.next(after: abort, now: 100.0) == .retry(after: .milliseconds(250)))
+        guard case .retry(let d) = high.next(after: abort, now: 100.0) else {
             Issue.record("expected retry")
             return
         }
@@ -84,7 +84,7 @@ struct ConnectPolicyTests {
     @Test func inProgressResetsOnceThenRemovesThenGivesUp() {
         var policy = ConnectRetryPolicy(random: { 0 })
         let inProgress = bluez("org.bluez.Error.InProgress", "In Progress")
-        let now = ContinuousClock.now
+        let now = 100.0
         #expect(policy.next(after: inProgress, now: now) == .resetDeviceThenRetry(remove: false, after: .milliseconds(250)))
         #expect(policy.next(after: inProgress, now: now) == .resetDeviceThenRetry(remove: true, after: .milliseconds(500)))
         guard case .giveUp = policy.next(after: inProgress, now: now) else {
@@ -99,7 +99,7 @@ struct ConnectPolicyTests {
         var policy = ConnectRetryPolicy(random: { 0 })
         let inProgress = bluez("org.bluez.Error.InProgress", "In Progress")
         let busy = bluez("org.bluez.Error.Failed", "Device or resource busy")
-        let now = ContinuousClock.now
+        let now = 100.0
         #expect(policy.next(after: inProgress, now: now, bonded: true) == .resetDeviceThenRetry(remove: false, after: .milliseconds(2500)))
         #expect(policy.next(after: busy, now: now, bonded: true) == .resetDeviceThenRetry(remove: false, after: .seconds(5)))
         guard case .giveUp = policy.next(after: inProgress, now: now, bonded: true) else {
@@ -111,8 +111,8 @@ struct ConnectPolicyTests {
     @Test func slotExhaustionBacksOffLongerThanTransientErrors() {
         var policy = ConnectRetryPolicy(random: { 0 })
         let limited = bluez("org.bluez.Error.Failed", "Limited Resources")
-        #expect(policy.next(after: limited, now: .now) == .retry(after: .milliseconds(2500)))
-        #expect(policy.next(after: limited, now: .now) == .retry(after: .seconds(5)))
+        #expect(policy.next(after: limited, now: 100.0) == .retry(after: .milliseconds(2500)))
+        #expect(policy.next(after: limited, now: 100.0) == .retry(after: .seconds(5)))
         #expect(policy.attempts(of: .resourcesExhausted) == 2)
         #expect(policy.attempts(of: .transient) == 0)
     }
@@ -120,19 +120,19 @@ struct ConnectPolicyTests {
     @Test func adapterAndDaemonOutagesWaitInsteadOfBurningRetries() {
         var policy = ConnectRetryPolicy()
         for _ in 0..<20 {
-            #expect(policy.next(after: bluez("org.bluez.Error.NotReady"), now: .now) == .waitForAdapter)
+            #expect(policy.next(after: bluez("org.bluez.Error.NotReady"), now: 100.0) == .waitForAdapter)
             #expect(
-                policy.next(after: bluez("org.freedesktop.DBus.Error.ServiceUnknown"), now: .now) == .waitForBluetoothd)
+                policy.next(after: bluez("org.freedesktop.DBus.Error.ServiceUnknown"), now: 100.0) == .waitForBluetoothd)
         }
-        #expect(policy.next(after: bluez("org.bluez.Error.AlreadyConnected"), now: .now) == .proceed)
+        #expect(policy.next(after: bluez("org.bluez.Error.AlreadyConnected"), now: 100.0) == .proceed)
     }
 
     @Test func vanishedDeviceIsRediscoveredAFewTimes() {
         var policy = ConnectRetryPolicy(random: { 0 })
         let gone = bluez("org.bluez.Error.DoesNotExist")
-        #expect(policy.next(after: gone, now: .now) == .rediscoverThenRetry(after: .milliseconds(250)))
-        #expect(policy.next(after: gone, now: .now) == .rediscoverThenRetry(after: .milliseconds(500)))
-        guard case .giveUp = policy.next(after: gone, now: .now) else {
+        #expect(policy.next(after: gone, now: 100.0) == .rediscoverThenRetry(after: .milliseconds(250)))
+        #expect(policy.next(after: gone, now: 100.0) == .rediscoverThenRetry(after: .milliseconds(500)))
+        guard case .giveUp = policy.next(after: gone, now: 100.0) else {
             Issue.record("expected give-up")
             return
         }
@@ -141,18 +141,18 @@ struct ConnectPolicyTests {
     @Test func budgetRefillsAfterAQuietPeriodAndAfterSuccess() {
         var policy = ConnectRetryPolicy(random: { 0 })
         let abort = bluez("org.bluez.Error.Failed", "le-connection-abort-by-local")
-        let t0 = ContinuousClock.now
+        let t0 = 100.0
         _ = policy.next(after: abort, now: t0)
-        _ = policy.next(after: abort, now: t0 + .seconds(1))
+        _ = policy.next(after: abort, now: t0 + 1)
         #expect(policy.attempts(of: .transient) == 2)
-        #expect(policy.next(after: abort, now: t0 + .seconds(400)) == .retry(after: .milliseconds(250)))
+        #expect(policy.next(after: abort, now: t0 + 400) == .retry(after: .milliseconds(250)))
         policy.reset()
         #expect(policy.attempts(of: .transient) == 0)
     }
 
     @Test func permanentErrorsGiveUpImmediately() {
         var policy = ConnectRetryPolicy()
-        guard case .giveUp = policy.next(after: bluez("org.bluez.Error.NotSupported"), now: .now) else {
+        guard case .giveUp = policy.next(after: bluez("org.bluez.Error.NotSupported"), now: 100.0) else {
             Issue.record("expected give-up")
             return
         }

@@ -162,6 +162,34 @@ import Testing
         #expect(try dir.entries() == ["c.bin"])
     }
 
+    /// Seconds and hours become Durations and milliseconds, which have limits: a number past them is a usage
+    /// error, not a trap (`--timeout 1e300` once crashed `ferry sync`).
+    @Test(arguments: [
+        ["sync", "--address", "AA:BB:CC:DD:EE:01", "--timeout"],
+        ["pair", "--address", "AA:BB:CC:DD:EE:01", "--timeout"],
+        ["scan", "--timeout"],
+        ["run", "--sync-interval"],
+    ])
+    func secondsOutOfRangeAreUsageErrors(_ command: [String]) throws {
+        let dir = try TemporaryDirectory()
+        let option = command.last ?? ""
+        var extra = ["--bus", "unix:path=\(dir.file("no-bus"))"]
+        var files: [String] = []
+        switch command[0] {
+        case "sync", "pair": extra += ["--db", dir.file("ferry.sqlite")]
+        case "run":
+            let config = #"{"state_dir": "\#(dir.file("state"))"}"#
+            extra += ["--config", try dir.write(Array(config.utf8), to: "ferry.json")]
+            files = ["ferry.json"]
+        default: break
+        }
+        for bad in ["1e300", "inf", "nan", "-1", "1e9", "ten"] {
+            let result = ferry(Array(command.dropLast()) + extra + [option, bad])
+            expectFailure(result, status: 2, mentioning: option)
+        }
+        #expect(try dir.entries() == Set(files), "a bad option left files behind")
+    }
+
     @Test func missingRequiredArguments() throws {
         let dir = try TemporaryDirectory()
         let capture = try dir.write(Wire.capture(1...3), to: "c.bin")

@@ -64,9 +64,45 @@ import Testing
         #expect(Duration.milliseconds(-1_500).wholeSecondsRoundedUp == -1)
     }
 
+    @Test func secondsOutsideADurationAreClampedNotATrap() {
+        #expect(Duration.secondsClamped(1.5) == .milliseconds(1_500))
+        #expect(Duration.secondsClamped(-3) == .zero)
+        #expect(Duration.secondsClamped(.nan) == .zero)
+        #expect(Duration.secondsClamped(1e300) == Duration.longestWait)
+        #expect(Duration.secondsClamped(.infinity) == Duration.longestWait)
+    }
+
     @Test func wholeSecondsOfDurationsBeyondIntAreClampedNotATrap() {
         let huge = Duration.seconds(Int64.max) * 4
         #expect(huge.wholeSecondsRoundedUp == Int.max)
         #expect((Duration.zero - huge).wholeSecondsRoundedUp == Int.min)
+    }
+}
+
+@Suite struct MonotonicClockTests {
+    private struct FixedClock: MonotonicClock {
+        var reading: Double
+        func now() -> Double { reading }
+    }
+
+    @Test func deadlinesAndWhatIsLeftOfThem() {
+        let clock = FixedClock(reading: 1_000)
+        #expect(clock.deadline(after: .milliseconds(2_500)) == 1_002.5)
+        #expect(clock.remaining(until: 1_002.5) == .milliseconds(2_500))
+        #expect(clock.remaining(until: 999) == .zero)  // passed: nothing left, never negative
+        #expect(clock.remaining(until: 1e300) == Duration.longestWait)
+        #expect(clock.seconds(since: 990) == 10)
+    }
+
+    @Test func theSystemClockNeverGoesBack() {
+        let clock = SystemMonotonicClock()
+        var last = clock.now()
+        for _ in 0..<1_000 {
+            let now = clock.now()
+            #expect(now >= last)
+            last = now
+        }
+        // The integer form is the same timeline.
+        #expect(abs(Double(monotonicNanoseconds()) / 1e9 - clock.now()) < 1)
     }
 }
