@@ -136,7 +136,7 @@ let package = Package(
                 "FerryTestBus", "FerryFakeBlueZ",
             ]),
         .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
-        .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore", "FerryTestBus"]),
+        .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore", "FerryTestBus", "FerryGateway", "FerryProtocol"]),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -54,7 +54,8 @@ enum StatusCommand {
         } catch {
             throw CommandFailure("database \(dbPath): \(error)")
         }
-        let age = oldest.map { max(0, Double(now - $0) / 1000) }
+        // In Double: created_at is whatever the file holds, and an Int64 difference could overflow.
+        let age = oldest.map { max(0, (Double(now) - Double($0)) / 1000) }
         let backlog = (counts[.pending] ?? 0) + (counts[.inFlight] ?? 0)
         // A forwarder that stopped (or died: its lease expired) is "not running", whatever it recorded last.
         let running = uplink?.running == true
@@ -120,7 +121,9 @@ enum StatusCommand {
         }
         output.out(daemonLine(live))
         for session in live?.sessions ?? [] {
-            output.out("  \(session.peripheral): \(session.phase) for \(Int(session.seconds.rounded())) s")
+            // The live view's file is the daemon's, but a damaged one must not trap the conversion.
+            let seconds = session.seconds.isFinite ? Int(min(max(session.seconds, 0), 1e12).rounded()) : 0
+            output.out("  \(session.peripheral): \(session.phase) for \(seconds) s")
         }
         return 0
     }

@@ -288,7 +288,8 @@ public struct StoreReadings: Sendable, Equatable {
     public static func read(from store: GatewayStore, now: Int64) throws -> StoreReadings {
         var r = StoreReadings()
         r.outbox = try store.outboxCounts()
-        r.oldestPendingAgeSeconds = try store.oldestPendingCreatedAt().map { max(0, Double(now - $0) / 1000) }
+        // Ages in Double: the timestamps are whatever the file holds, and an Int64 difference could overflow.
+        r.oldestPendingAgeSeconds = try store.oldestPendingCreatedAt().map { max(0, (Double(now) - Double($0)) / 1000) }
         let uplink = try store.uplinkState(now: now)
         r.uplinkState = uplink?.running == true ? (uplink?.state.rawValue ?? "online") : "not running"
         r.diskBytes = try store.diskBytes()
@@ -303,7 +304,7 @@ public struct StoreReadings: Sendable, Equatable {
                 Peripheral(
                     address: stream.peripheral,
                     backlog: state?.head.map { $0 > cursor ? $0 - cursor : 0 },
-                    lastSyncAgeSeconds: state.map { max(0, Double(now - $0.lastSyncAt) / 1000) }))
+                    lastSyncAgeSeconds: state.map { max(0, (Double(now) - Double($0.lastSyncAt)) / 1000) }))
         }
         return r
     }
@@ -395,7 +396,7 @@ public struct LiveViewFile: Sendable {
         guard readFile(path, limit: 1 << 20, into: &bytes) == nil,
             let view = try? JSONDecoder().decode(LiveView.self, from: Data(bytes))
         else { return nil }
-        let age = Double(nowMillis - view.updatedAt) / 1000
+        let age = (Double(nowMillis) - Double(view.updatedAt)) / 1000  // Double: updated_at is the file's
         return age <= Self.staleAfterSeconds && age > -Self.staleAfterSeconds ? view : nil
     }
 }

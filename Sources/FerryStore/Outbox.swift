@@ -78,12 +78,18 @@ extension GatewayStore {
         }
         return OutboxEvent(
             id: row.text(0), type: type, payload: row.text(2), status: status,
-            retryCount: Int(row.int64(4)), nextRetryAt: row.int64(5), createdAt: row.int64(6),
+            retryCount: count(row.int64(4)), nextRetryAt: row.int64(5), createdAt: row.int64(6),
             peripheral: row.text(7), epoch: row.text(8),
             firstSeq: row.isNull(9) ? nil : UInt64(bitPattern: row.int64(9)),
             lastSeq: row.isNull(10) ? nil : UInt64(bitPattern: row.int64(10)),
-            frameCount: Int(row.int64(11)), payloadBytes: Int(row.int64(12)), batchID: row.optionalText(13),
+            frameCount: count(row.int64(11)), payloadBytes: count(row.int64(12)), batchID: row.optionalText(13),
             lastError: row.optionalText(14))
+    }
+
+    /// A count column (retries, frames, bytes) as the forwarder adds it up: 0...Int32.max, whatever a damaged
+    /// file holds, so sums of a batch's worth cannot overflow.
+    private static func count(_ value: Int64) -> Int {
+        Int(min(max(value, 0), Int64(Int32.max)))
     }
 
     /// Claims the next batch atomically (ONE transaction): the oldest due PENDING event decides. If it was
@@ -160,7 +166,8 @@ extension GatewayStore {
         guard event.type == .frames, let first = event.firstSeq, let last = event.lastSeq else { return [] }
         return try store {
             var frames: [StoredFrame] = []
-            frames.reserveCapacity(event.frameCount)
+            // frame_count is the file's word: a hint, not a size to allocate.
+            frames.reserveCapacity(min(event.frameCount, 1 << 12))
             let lo = Int64(bitPattern: first)
             let hi = Int64(bitPattern: last)
             // Seqs are stored as their Int64 bit pattern; a range crossing 2^63 is found by the event id instead.
