@@ -54,8 +54,7 @@ enum StatusCommand {
         } catch {
             throw CommandFailure("database \(dbPath): \(error)")
         }
-        // In Double: created_at is whatever the file holds, and an Int64 difference could overflow.
-        let age = oldest.map { max(0, (Double(now) - Double($0)) / 1000) }
+        let age = oldest.map { max(0, Timestamp.seconds(from: $0, to: now)) }
         let backlog = (counts[.pending] ?? 0) + (counts[.inFlight] ?? 0)
         // A forwarder that stopped (or died: its lease expired) is "not running", whatever it recorded last.
         let running = uplink?.running == true
@@ -121,8 +120,8 @@ enum StatusCommand {
         }
         output.out(daemonLine(live))
         for session in live?.sessions ?? [] {
-            // The live view's file is the daemon's, but a damaged one must not trap the conversion.
-            let seconds = session.seconds.isFinite ? Int(min(max(session.seconds, 0), 1e12).rounded()) : 0
+            // The live view's file is the daemon's, but a damaged one must not trap the conversion to Int.
+            let seconds = Int(Duration.secondsClamped(session.seconds).inSeconds.rounded())
             output.out("  \(session.peripheral): \(session.phase) for \(seconds) s")
         }
         return 0

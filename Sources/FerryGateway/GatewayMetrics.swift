@@ -288,8 +288,7 @@ public struct StoreReadings: Sendable, Equatable {
     public static func read(from store: GatewayStore, now: Int64) throws -> StoreReadings {
         var r = StoreReadings()
         r.outbox = try store.outboxCounts()
-        // Ages in Double: the timestamps are whatever the file holds, and an Int64 difference could overflow.
-        r.oldestPendingAgeSeconds = try store.oldestPendingCreatedAt().map { max(0, (Double(now) - Double($0)) / 1000) }
+        r.oldestPendingAgeSeconds = try store.oldestPendingCreatedAt().map { max(0, Timestamp.seconds(from: $0, to: now)) }
         let uplink = try store.uplinkState(now: now)
         r.uplinkState = uplink?.running == true ? (uplink?.state.rawValue ?? "online") : "not running"
         r.diskBytes = try store.diskBytes()
@@ -304,7 +303,7 @@ public struct StoreReadings: Sendable, Equatable {
                 Peripheral(
                     address: stream.peripheral,
                     backlog: state?.head.map { $0 > cursor ? $0 - cursor : 0 },
-                    lastSyncAgeSeconds: state.map { max(0, (Double(now) - Double($0.lastSyncAt)) / 1000) }))
+                    lastSyncAgeSeconds: state.map { max(0, Timestamp.seconds(from: $0.lastSyncAt, to: now)) }))
         }
         return r
     }
@@ -396,7 +395,7 @@ public struct LiveViewFile: Sendable {
         guard readFile(path, limit: 1 << 20, into: &bytes) == nil,
             let view = try? JSONDecoder().decode(LiveView.self, from: Data(bytes))
         else { return nil }
-        let age = (Double(nowMillis) - Double(view.updatedAt)) / 1000  // Double: updated_at is the file's
+        let age = Timestamp.seconds(from: view.updatedAt, to: nowMillis)
         return age <= Self.staleAfterSeconds && age > -Self.staleAfterSeconds ? view : nil
     }
 }

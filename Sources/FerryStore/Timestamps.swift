@@ -25,4 +25,10 @@ public enum Timestamp {
     public static func iso8601(millis: Int64) -> String {
         CivilTime.rfc3339(millisecondsSince1970: millis)
     }
+
+    /// Seconds from `earlier` to `later` (Unix milliseconds), negative if `later` is earlier. In Double: a
+    /// timestamp read from the store or a file is whatever it holds, and their Int64 difference could overflow.
+    public static func seconds(from earlier: Int64, to later: Int64) -> Double {
+        (Double(later) - Double(earlier)) / 1000
+    }
 }

@@ -104,7 +104,7 @@ public actor OutboxForwarder {
     /// Schedules run on a monotonic clock (milliseconds since the forwarder was made): a wall clock stepped
     /// by NTP must not stall or rush the uplink. The wall clock only stamps rows.
     private let clock = SystemMonotonicClock()
-    private let origin = SystemMonotonicClock().now()
+    private let origin: Double
     private let owner = UUID().uuidString.lowercased()
     private var lastRenewal: Int64 = 0
     private var lastWall: Int64 = 0
@@ -127,6 +127,7 @@ public actor OutboxForwarder {
         self.tokenSource = tokenSource
         self.log = log
         self.wallClock = wallClock
+        origin = clock.now()
         health = UplinkHealth(policy: configuration.policy)
     }
 

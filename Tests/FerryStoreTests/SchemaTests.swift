@@ -258,3 +258,13 @@ import Testing
         #expect(!FileManager.default.fileExists(atPath: path))
     }
 }
+
+@Suite struct TimestampTests {
+    /// Timestamps come from the store file: any two Int64 values give a difference, never an overflow trap.
+    @Test func secondsBetweenAnyTwoTimestamps() {
+        #expect(Timestamp.seconds(from: 1_000, to: 3_500) == 2.5)
+        #expect(Timestamp.seconds(from: 3_500, to: 1_000) == -2.5)
+        #expect(Timestamp.seconds(from: .min, to: .max) > 1.8e16)
+        #expect(Timestamp.seconds(from: .max, to: .min) < -1.8e16)
+    }
+}
