@@ -338,6 +338,25 @@ def pids_named(name: str) -> list[int]:
     return found
 
 
+def bus_owns_bluez() -> bool:
+    """Whether some connection owns org.bluez on the system bus (a new bluetoothd cannot start while one does)."""
+    p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=2000", "--dest=org.freedesktop.DBus",
+                        "/org/freedesktop/DBus", "org.freedesktop.DBus.NameHasOwner", "string:org.bluez"],
+                       capture_output=True, text=True)
+    return p.returncode == 0 and "boolean true" in p.stdout
+
+
+def wait_bluez_released(limit: float) -> bool:
+    """Waits (bounded) until the bus has let go of org.bluez after bluetoothd died: it does so only once it has
+    seen the old connection close, which a loaded guest can take a while to notice."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if not bus_owns_bluez():
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def dbus_adapter_powered(name: str) -> bool | None:
     """Powered property of /org/bluez/NAME via dbus-send; None if the adapter is not on the bus."""
     p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=2000", "--dest=org.bluez",
