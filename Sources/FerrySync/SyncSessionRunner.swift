@@ -110,6 +110,29 @@ public enum SessionEnd: Sendable, Equatable, CustomStringConvertible {
     }
 }
 
+/// The SYNC_ACKs one session wrote: how many, the first and the highest, and the most recent ones. Only the
+/// last `recentLimit` are kept, so a session that stays connected for days holds a fixed few kilobytes.
+public struct AcknowledgementLog: Sendable, Equatable {
+    public static let recentLimit = 256
+    public private(set) var count = 0
+    public private(set) var first: UInt64?
+    public private(set) var highest: UInt64?
+    /// The last `recentLimit` ACKs, oldest first.
+    public private(set) var recent: [UInt64] = []
+
+    public init() {}
+
+    public var last: UInt64? { recent.last }
+
+    public mutating func record(_ seq: UInt64) {
+        count += 1
+        if first == nil { first = seq }
+        highest = max(highest ?? seq, seq)
+        if recent.count == Self.recentLimit { recent.removeFirst() }
+        recent.append(seq)
+    }
+}
+
 /// Executes a `SyncSession`'s actions against a transport and the store. One task owns a runner: events
 /// (bytes, timer, link loss) are handed to it one at a time.
 ///
@@ -122,7 +145,8 @@ public final class SyncSessionRunner {
     public private(set) var finished = false
     /// Highest cursor the store confirmed in this session (or loaded at its start).
     public private(set) var lastCommittedCursor: UInt64 = 0
-    public private(set) var acksSent: [UInt64] = []
+    /// The SYNC_ACKs written, bounded: a stay-connected session lasts days.
+    public private(set) var acksSent = AcknowledgementLog()
     public private(set) var phases = SessionPhases()
     /// The process's CPU seconds (`ProcessCPU`) at the same marks (`lastData` stays nil: it moves with every
     /// notification, and a getrusage per notification is not worth it; `finalAck` is read at the disconnection).
@@ -378,7 +402,7 @@ public final class SyncSessionRunner {
             }
             do {
                 try await transport.writeAck(Frame.syncAck(committed: seq).encoded())
-                acksSent.append(seq)
+                acksSent.record(seq)
                 reached(\.finalAck, again: true)
             } catch {
                 log.log(.warning, "SYNC_ACK write failed: \(error)")

@@ -220,7 +220,7 @@ import Testing
         #expect(log.matching("disk full (SQLITE_FULL)").count == 1)
         let stream = try store.openStream(peripheral: address, deviceEpoch: peripheral.epoch)
         #expect(stream.cursor > 0 && stream.cursor < peripheral.head, "cursor \(stream.cursor)")
-        #expect((first.acksSent.max() ?? 0) <= stream.cursor, "acknowledged beyond what is committed")
+        #expect((first.acksSent.highest ?? 0) <= stream.cursor, "acknowledged beyond what is committed")
         #expect(peripheral.retainedCount >= Int(peripheral.head - stream.cursor), "the peripheral dropped uncommitted events")
         #expect(try store.frames(of: stream.key).map(\.seq) == Array(1...stream.cursor))
         #expect(try store.quickCheck().isEmpty)

@@ -34,7 +34,7 @@ struct SessionRecord: CustomStringConvertible {
     var summary: SyncSummary
     /// The state machine's counters at the session's end.
     var statistics: SyncSession.Statistics
-    var acksSent: [UInt64]
+    var acksSent: AcknowledgementLog
     /// CONTROL frames that reached the peripheral.
     var control: [Frame]
     /// CONTROL frames the gateway tried to write (including the one a crash swallowed).
