@@ -399,7 +399,7 @@ public actor OutboxForwarder {
         }
         let retryCount = batch.events.map(\.retryCount).max() ?? 0
         let action = health.failed(
-            batch: batch.id, kind: kind, retryNumber: retryCount + 1, retryAfter: retryAfter, sentAt: sentAt,
+            batch: batch.id, kind: kind, retryNumber: UplinkRetryPolicy.retryNumber(after: retryCount), retryAfter: retryAfter, sentAt: sentAt,
             now: now, random: &random)
         let due = action.retryAt ?? now
         try store.retryBatch(

@@ -43,6 +43,12 @@ public struct UplinkRetryPolicy: Sendable, Hashable {
         self.maxPauseSeconds = maxPauseSeconds
     }
 
+    /// The number of the retry that follows `retryCount` retries (1-based). `retryCount` comes from the store
+    /// file: whatever it holds, the next number is at least 1 and never overflows.
+    public static func retryNumber(after retryCount: Int) -> Int {
+        retryCount < 0 ? 1 : retryCount == Int.max ? Int.max : retryCount + 1
+    }
+
     /// The backoff ceiling before the `retryNumber`-th retry (1-based).
     public func backoffCeilingSeconds(retryNumber: Int) -> Double {
         Backoff.ceiling(base: baseDelaySeconds, cap: maxDelaySeconds, doublings: retryNumber - 1)
@@ -66,9 +72,9 @@ public struct UplinkRetryPolicy: Sendable, Hashable {
         case .pause(let reason):
             return .pause(afterSeconds: pauseSeconds(consecutivePauses: consecutivePauses), reason: reason)
         case .retry(let reason, let retryAfter):
-            let next = retryCount + 1
+            let next = Self.retryNumber(after: retryCount)
             if next > maxRetries {
-                return .fail(reason: "retries exhausted after \(retryCount + 1) attempts; last: \(reason)")
+                return .fail(reason: "retries exhausted after \(next) attempts; last: \(reason)")
             }
             return .retry(afterSeconds: retryDelaySeconds(retryNumber: next, retryAfter: retryAfter, random: &random), retryCount: next)
         }

@@ -156,6 +156,26 @@ struct ConstantGenerator: RandomNumberGenerator {
         }
     }
 
+    /// `retry_count` is read from the store file: a damaged one may hold anything.
+    @Test func anyStoredRetryCountGivesAValidNextNumber() {
+        #expect(UplinkRetryPolicy.retryNumber(after: 0) == 1)
+        #expect(UplinkRetryPolicy.retryNumber(after: 4) == 5)
+        #expect(UplinkRetryPolicy.retryNumber(after: -7) == 1)
+        #expect(UplinkRetryPolicy.retryNumber(after: .min) == 1)
+        #expect(UplinkRetryPolicy.retryNumber(after: .max) == .max)
+        var random = SeededGenerator(state: 7)
+        guard case .fail(let reason) = policy.disposition(after: transient, retryCount: .max, random: &random) else {
+            Issue.record("expected the retries to be exhausted")
+            return
+        }
+        #expect(reason.hasPrefix("retries exhausted"))
+        guard case .retry(_, let next) = policy.disposition(after: transient, retryCount: -3, random: &random) else {
+            Issue.record("expected a first retry")
+            return
+        }
+        #expect(next == 1)
+    }
+
     @Test func retryAfterIsAFloorAndIsCapped() {
         var zero = ConstantGenerator(value: 0)
         let told = UplinkOutcome.retry(.status(429), retryAfterSeconds: 30)
