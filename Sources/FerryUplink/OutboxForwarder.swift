@@ -399,8 +399,8 @@ public actor OutboxForwarder {
         }
         let retryCount = batch.events.map(\.retryCount).max() ?? 0
         let action = health.failed(
-            batch: batch.id, kind: kind, retryNumber: UplinkRetryPolicy.retryNumber(after: retryCount), retryAfter: retryAfter, sentAt: sentAt,
-            now: now, random: &random)
+            batch: batch.id, kind: kind, retryNumber: UplinkRetryPolicy.retryNumber(after: retryCount),
+            retryAfter: retryAfter, sentAt: sentAt, now: now, random: &random)
         let due = action.retryAt ?? now
         try store.retryBatch(
             batch.id, error: "\(reason)", nextRetryAt: wall &+ (due &- now), countsAsRetry: false,

@@ -172,9 +172,10 @@ BEFORE=$(python3 -c "import json,sys; print(sum(json.load(open('$R/peripheral-'+
 # Every bluetoothd goes (there should be one), then the bus must have let go of org.bluez before a new one
 # asks for it: bluetoothd 5.66 sometimes hangs in its shutdown, and the bus releases the name only once it
 # has seen the old connection close. A crash is a restart too, so SIGKILL what SIGTERM did not stop.
-bus_owns_bluez() {
-    dbus-send --system --print-reply --reply-timeout=2000 --dest=org.freedesktop.DBus /org/freedesktop/DBus \
-        org.freedesktop.DBus.NameHasOwner string:org.bluez 2>/dev/null | grep -q "boolean true"
+# Whether the bus released org.bluez within $1 s: bedlib's check, the one sync_clean uses.
+bluez_released() {
+    python3 -c "import sys; sys.path.insert(0, 'Tests/testbed'); import bedlib
+sys.exit(0 if bedlib.wait_bluez_released($1) else 1)"
 }
 any_alive() { local p; for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 # shellcheck disable=SC2086
@@ -184,8 +185,8 @@ if any_alive $BT_PIDS; then
     echo "--- bluetoothd $BT_PIDS ignored SIGTERM for 10 s: SIGKILL" >>"$DAEMON_LOG"
     kill -KILL $BT_PIDS 2>/dev/null; for _ in $(seq 50); do any_alive $BT_PIDS || break; sleep 0.1; done
 fi
-for _ in $(seq 150); do bus_owns_bluez || break; sleep 0.1; done
-echo "--- bluetoothd $BT_PIDS stopped, org.bluez $(bus_owns_bluez && echo 'STILL OWNED' || echo released) ($(date +%T.%N))" >>"$DAEMON_LOG"
+bluez_released 15 && NAME_STATE=released || NAME_STATE="STILL OWNED after 15 s"
+echo "--- bluetoothd $BT_PIDS stopped, org.bluez $NAME_STATE ($(date +%T.%N))" >>"$DAEMON_LOG"
 sleep 2
 BLUETOOTHD=/usr/libexec/bluetooth/bluetoothd; [[ -x $BLUETOOTHD ]] || BLUETOOTHD=/usr/lib/bluetooth/bluetoothd
 # The bed's job is to give the daemon a bluetoothd back: if the bus still hands the name to a dying owner,
@@ -198,7 +199,7 @@ for attempt in 1 2 3 4 5; do
     sleep 3
     kill -0 "$NEW_BT" 2>/dev/null && break
     echo "--- bluetoothd $NEW_BT exited: $(tail -2 "$R/bluetoothd-after-restart.log" | tr '\n' ' ')" >>"$DAEMON_LOG"
-    for _ in $(seq 50); do bus_owns_bluez || break; sleep 0.1; done
+    bluez_released 5
 done
 kill -0 "$NEW_BT" 2>/dev/null || fail "test bed: the new bluetoothd is running" "$(tail -2 "$R/bluetoothd-after-restart.log")"
 touch "$LIVE_STOP"; wait "$LIVE_PID"
