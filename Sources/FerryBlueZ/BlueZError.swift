@@ -25,7 +25,7 @@ public enum BlueZErrorKind: String, Sendable, Equatable, CaseIterable {
     // D-Bus level
     /// No reply in time (our deadline or a daemon/peer timeout).
     case timeout
-    /// bluetoothd is not on the bus (never started, crashed, restarting).
+    /// bluetoothd is not on the bus (never started, crashed, restarting, or the bus failed to activate it).
     case serviceUnknown
     /// The object path is gone (device removed, adapter unplugged).
     case unknownObject
@@ -111,6 +111,11 @@ public struct BlueZError: Error, Sendable, Equatable, CustomStringConvertible {
             case "ConnectionAttemptFailed": return .connectionAttemptFailed
             default: return .other
             }
+        }
+        // The bus could not start bluetoothd for us (org.bluez is activatable, the activation failed: no
+        // systemd, the unit disabled or masked): for the caller it is not running, as with ServiceUnknown.
+        if name.hasPrefix(DBusError.Name.spawnPrefix) || name.hasPrefix(DBusError.Name.systemdPrefix) {
+            return .serviceUnknown
         }
         switch name {
         case DBusError.Name.noReply, DBusError.Name.timeout, DBusError.Name.timedOut: return .timeout

@@ -32,6 +32,10 @@ public struct DBusError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let accessDenied = "org.freedesktop.DBus.Error.AccessDenied"
         public static let matchRuleInvalid = "org.freedesktop.DBus.Error.MatchRuleInvalid"
         public static let notSupported = "org.freedesktop.DBus.Error.NotSupported"
+        /// `org.freedesktop.DBus.Error.Spawn.*`: the bus failed to start an activatable service.
+        public static let spawnPrefix = "org.freedesktop.DBus.Error.Spawn."
+        /// `org.freedesktop.systemd1.*`, as the bus relays it when systemd could not start the service's unit.
+        public static let systemdPrefix = "org.freedesktop.systemd1."
     }
 
     /// True when no reply came in time (our own deadline, or a peer/daemon timeout).

@@ -247,6 +247,9 @@ public actor GatewayDaemon {
                             for await _ in events { wakeup.signal() }
                         }
                         agent = await registerAgent(connected)
+                    } catch let error as BlueZError {
+                        // The bus answered; bluetoothd (or its reply) did not.
+                        warnOnce("cannot read bluetoothd's objects: \(error); retrying")
                     } catch {
                         warnOnce("cannot reach the D-Bus system bus: \(error); retrying")
                     }

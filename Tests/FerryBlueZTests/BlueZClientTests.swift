@@ -100,6 +100,29 @@ struct BlueZClientTests {
         fake.stop()
     }
 
+    /// Where org.bluez is activatable but cannot start (a Debian system without systemd, the unit disabled or
+    /// masked), the bus answers with an `Error.Spawn.*`: that is bluetoothd not running, not a broken bus. The
+    /// client starts with an empty cache and waits for bluetoothd to come.
+    @Test func aFailedActivationIsBluetoothdNotRunning() async throws {
+        let bus = try TestBus(activatable: [BlueZInterface.service: "/bin/false"])
+        let client = try await BlueZClient(connection: try await clientConnection(bus))
+        #expect(await client.objects.isServiceAvailable == false)
+        let direct = try await clientConnection(bus)
+        let refused = await #expect(throws: DBusError.self) {
+            _ = try await direct.call(
+                destination: BlueZInterface.service, path: "/", interface: BlueZInterface.objectManager,
+                member: "GetManagedObjects")
+        }
+        #expect(refused.map { BlueZError($0).kind } == .serviceUnknown, "\(String(describing: refused))")
+
+        let fake = try await FakeBlueZ.start(on: bus, tree: FakeBlueZ.adapterOnly())
+        _ = try await client.objects.waitFor(timeout: .seconds(5)) {
+            $0.properties(FakeBlueZ.adapterPath, BlueZInterface.adapter) != nil ? true : nil
+        }
+        #expect(await client.objects.isServiceAvailable)
+        fake.stop()
+    }
+
     @Test func bluetoothdRestartDropsAndRebuildsTheCache() async throws {
         let bus = try TestBus()
         var tree = FakeBlueZ.adapterOnly()

@@ -16,9 +16,17 @@ public final class TestBus {
     public let address: String
     public let pid: pid_t
 
-    public init() throws {
+    /// `activatable`: bus names the daemon starts on demand, with the command it runs (`.service` files in a
+    /// service directory of its own), e.g. a bluetoothd that cannot start.
+    public init(activatable: [String: String] = [:]) throws {
         directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-dbus-\(UUID().uuidString)")
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let services = directory.appendingPathComponent("services")
+        try FileManager.default.createDirectory(at: services, withIntermediateDirectories: true)
+        for (name, command) in activatable {
+            try "[D-BUS Service]\nName=\(name)\nExec=\(command)\n".write(
+                to: services.appendingPathComponent("\(name).service"), atomically: true, encoding: .utf8)
+        }
         let config = directory.appendingPathComponent("bus.conf")
         try """
         <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
@@ -26,6 +34,7 @@ public final class TestBus {
         <busconfig>
           <type>session</type>
           <listen>unix:dir=\(directory.path)</listen>
+          <servicedir>\(services.path)</servicedir>
           <auth>EXTERNAL</auth>
           <policy context="default">
             <allow send_destination="*" eavesdrop="true"/>
