@@ -52,7 +52,7 @@ enum OutboxCommand {
                             ("first_seq", e.firstSeq.map { .string(String($0)) } ?? .null),
                             ("last_seq", e.lastSeq.map { .string(String($0)) } ?? .null),
                             ("frames", .int(e.frameCount)), ("retry_count", .int(e.retryCount)),
-                            ("next_retry_at", .int(Int(e.nextRetryAt))), ("created_at", .int(Int(e.createdAt))),
+                            ("next_retry_at", .int(e.nextRetryAt)), ("created_at", .int(e.createdAt)),
                             ("batch_id", e.batchID.map { .string($0) } ?? .null),
                             ("last_error", e.lastError.map { .string($0) } ?? .null),
                         ])

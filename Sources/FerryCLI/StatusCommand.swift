@@ -81,13 +81,13 @@ enum StatusCommand {
                     ),
                     ("outbox", .object(statuses.map { ($0.rawValue, .int(counts[$0] ?? 0)) })),
                     ("oldest_pending_age_seconds", age.map { .double(($0 * 1000).rounded() / 1000) } ?? .null),
-                    ("disk_bytes", .int(Int(diskBytes))),
+                    ("disk_bytes", .int(diskBytes)),
                     (
                         "uplink",
                         .object([
                             ("state", .string(state)), ("since", since.map { .string($0) } ?? .null),
                             ("detail", detail.map { .string($0) } ?? .null),
-                            ("pid", running ? .int(Int(uplink?.pid ?? 0)) : .null), ("backlog", .int(backlog)),
+                            ("pid", running ? .int(uplink?.pid ?? 0) : .null), ("backlog", .int(backlog)),
                         ])
                     ),
                     ("daemon", daemonJSON(live)),
@@ -146,7 +146,7 @@ enum StatusCommand {
     static func daemonJSON(_ view: LiveView?) -> JSON {
         guard let view else { return .object([("running", .bool(false))]) }
         return .object([
-            ("running", .bool(true)), ("pid", .int(Int(view.pid))), ("adapter", view.adapter.map { .string($0) } ?? .null),
+            ("running", .bool(true)), ("pid", .int(view.pid)), ("adapter", view.adapter.map { .string($0) } ?? .null),
             ("adapter_recovery", view.adapterRecovery.map { .string($0) } ?? .null),
             ("slots_in_use", .int(view.slotsInUse)), ("max_connections", .int(view.maxConnections)),
             (

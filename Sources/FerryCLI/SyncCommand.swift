@@ -109,7 +109,7 @@ enum SyncCommand {
                     ("gaps", .int(s.gapsRecorded)), ("regressions", .int(s.regressions)), ("corrupt", .int(s.corrupt)),
                     ("crc_mismatches", .int(outcome.decoder.crcMismatches)), ("stalls", .int(outcome.decoder.stalls)),
                     ("epoch", .string(String(s.epoch))), ("cursor", .string(String(s.cursor))),
-                    ("notify_path", .string(outcome.notifyPath)), ("mtu", outcome.mtu.map { .int(Int($0)) } ?? .null),
+                    ("notify_path", .string(outcome.notifyPath)), ("mtu", outcome.mtu.map { .int($0) } ?? .null),
                     ("duration_seconds", .double((outcome.seconds * 1000).rounded() / 1000)),
                     ("discovery_needed", .bool(outcome.discoveryNeeded)),
                     ("phases", .object(outcome.phases.map { ($0.0, $0.1.map { .double(($0 * 1000).rounded() / 1000) } ?? .null) })),

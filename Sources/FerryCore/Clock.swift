@@ -40,21 +40,28 @@ public struct SystemMonotonicClock: MonotonicClock {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: `SystemMonotonicClock`'s timeline, as an integer for the threads that sleep
-/// on their own (ThreadExecutor, DeadlineThread).
-public func monotonicNanoseconds() -> Int {
+/// on their own (ThreadExecutor, DeadlineThread). 64 bits on every platform: a 32-bit `Int` overflows after two
+/// seconds of nanoseconds.
+public func monotonicNanoseconds() -> Int64 {
     var now = timespec()
     clock_gettime(CLOCK_MONOTONIC, &now)
-    return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
+    return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
+}
+
+/// A point of `monotonicNanoseconds`' timeline as the `timespec` a timed wait takes (seconds since boot fit any
+/// `time_t`).
+func monotonicTimespec(nanoseconds: Int64) -> timespec {
+    timespec(tv_sec: time_t(nanoseconds / 1_000_000_000), tv_nsec: Int(nanoseconds % 1_000_000_000))
 }
 
 /// CLOCK_MONOTONIC_COARSE in nanoseconds: the same timeline as `monotonicNanoseconds`, as of the kernel's last
 /// tick (a few ms behind at most), read from the vDSO whatever the clock source. Where the clock source cannot be
 /// read from user space (an HPET, as in a TCG virtual machine), `monotonicNanoseconds` is a system call each time:
 /// ThreadExecutor's loop, which looks at the time after every wake-up, uses this one.
-public func coarseMonotonicNanoseconds() -> Int {
+public func coarseMonotonicNanoseconds() -> Int64 {
     var now = timespec()
     clock_gettime(CLOCK_MONOTONIC_COARSE, &now)
-    return Int(now.tv_sec) * 1_000_000_000 + Int(now.tv_nsec)
+    return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
 }
 
 /// CPU seconds (user + system) this process has used so far: where a session's CPU goes, phase by phase

@@ -22,11 +22,11 @@ public final class DeadlineThread: @unchecked Sendable {
     // Guarded by `mutex`.
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let condition: UnsafeMutablePointer<pthread_cond_t>
-    private var entries: [UInt64: (deadline: Int, action: @Sendable () -> Void)] = [:]
+    private var entries: [UInt64: (deadline: Int64, action: @Sendable () -> Void)] = [:]
     private var nextID: UInt64 = 0
     private var started = false
     /// The deadline the thread sleeps until (nil: it sleeps until signalled, or runs): only an earlier one wakes it.
-    private var sleepingUntil: Int?
+    private var sleepingUntil: Int64?
 
     private init() {
         mutex = .allocate(capacity: 1)
@@ -47,7 +47,7 @@ public final class DeadlineThread: @unchecked Sendable {
     /// ones due after it.
     @discardableResult
     public func schedule(after delay: Duration, _ action: @escaping @Sendable () -> Void) -> Token {
-        let deadline = monotonicNanoseconds() + Int(min(max(0, delay.inSeconds), 1_000_000) * 1e9)
+        let deadline = monotonicNanoseconds() + Int64(min(max(0, delay.inSeconds), 1_000_000) * 1e9)
         pthread_mutex_lock(mutex)
         nextID &+= 1
         let id = nextID
@@ -85,8 +85,7 @@ public final class DeadlineThread: @unchecked Sendable {
                 pthread_mutex_lock(mutex)
                 continue
             }
-            var until = timespec(
-                tv_sec: earliest.value.deadline / 1_000_000_000, tv_nsec: earliest.value.deadline % 1_000_000_000)
+            var until = monotonicTimespec(nanoseconds: earliest.value.deadline)
             sleepingUntil = earliest.value.deadline
             _ = pthread_cond_timedwait(condition, mutex, &until)
             sleepingUntil = nil

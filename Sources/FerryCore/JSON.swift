@@ -58,7 +58,7 @@ public struct JSONWriter: Sendable {
             }
             raw("]")
         case .string(let s): string(s)
-        case .int(let i): raw(String(i))
+        case .integer(let i): raw(String(i))
         case .double(let d): raw(d.isFinite ? String(d) : "null")
         case .bool(let b): raw(b ? "true" : "false")
         case .null: raw("null")
@@ -75,10 +75,16 @@ public enum JSON: Sendable {
     indirect case object([(String, JSON)])
     case array([JSON])
     case string(String)
-    case int(Int)
+    /// Built with `int(_:)`, from any integer type.
+    case integer(Int64)
     case double(Double)
     case bool(Bool)
     case null
+
+    /// A whole number. 64 bits whatever the platform's `Int`: unix milliseconds, file sizes and pids come as
+    /// `Int64` or `Int32`, and converting them to a 32-bit `Int` (an armhf build) would trap. Values past
+    /// `Int64.max` (a `UInt64` cursor or epoch) are not numbers here: Ferry writes those as decimal strings.
+    public static func int(_ value: some BinaryInteger) -> JSON { .integer(Int64(clamping: value)) }
 
     /// Compact JSON text.
     public var text: String {

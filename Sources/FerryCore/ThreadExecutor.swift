@@ -38,7 +38,7 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     private var threadID: pthread_t?
     /// `setTimer`'s: when (CLOCK_MONOTONIC nanoseconds) and what; `generation` tells a replaced timer from the one
     /// waited for.
-    private var timer: (deadline: Int, generation: UInt64, action: @Sendable () -> Void)?
+    private var timer: (deadline: Int64, generation: UInt64, action: @Sendable () -> Void)?
     private var timerGeneration: UInt64 = 0
     /// `watch`'s descriptor and handler; `generation` tells a replaced watch from the one polled.
     private var watched: (fd: Int32, generation: UInt64, handler: @Sendable () -> Bool)?
@@ -51,8 +51,8 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     private var sleepingInPoll = false
     /// When the watched descriptor was last polled (coarse CLOCK_MONOTONIC ns): a thread kept busy by jobs still
     /// looks at it every `watchCheckInterval`.
-    private var lastWatchCheck = 0
-    private static let watchCheckInterval = 10_000_000
+    private var lastWatchCheck: Int64 = 0
+    private static let watchCheckInterval: Int64 = 10_000_000
     /// How long the thread waits before polling again after poll() failed with something other than EINTR (ns).
     private static let pollFailurePause = 10_000_000
 
@@ -150,7 +150,7 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
         // Capped (about 11 days): a deadline that far out is "never" for a session, and the sum cannot overflow.
         // Not a number (a deadline computed from a broken clock) is "never" too, not a trap in Int().
         let deadline = delay.map { delay in
-            monotonicNanoseconds() + Int((delay.isNaN ? 1_000_000 : min(max(0, delay), 1_000_000)) * 1e9)
+            monotonicNanoseconds() + Int64((delay.isNaN ? 1_000_000 : min(max(0, delay), 1_000_000)) * 1e9)
         }
         pthread_mutex_lock(mutex)
         timerGeneration &+= 1
@@ -197,7 +197,7 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     /// poll() on the watched descriptor and the wake-up eventfd, until `deadline` (CLOCK_MONOTONIC ns; nil: none)
     /// or not at all (`wait` false: a look without waiting). Called without `mutex`. Returns whether `fd` is
     /// readable, and whether the wait ran out (then `deadline` has passed).
-    private func pollWatched(_ fd: Int32, until deadline: Int?, wait: Bool) -> (readable: Bool, timedOut: Bool) {
+    private func pollWatched(_ fd: Int32, until deadline: Int64?, wait: Bool) -> (readable: Bool, timedOut: Bool) {
         var timeout: Int32 = -1
         if !wait {
             timeout = 0
@@ -205,7 +205,7 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
             // From the coarse clock, which is behind if anything, and rounded up: the wait ends at the deadline or
             // a few ms after it, never before.
             let remaining = max(0, deadline - coarseMonotonicNanoseconds())
-            timeout = Int32(min((remaining + 999_999) / 1_000_000, Int(Int32.max)))
+            timeout = Int32(min((remaining + 999_999) / 1_000_000, Int64(Int32.max)))
         }
         var fds = (
             pollfd(fd: pollWake, events: Int16(POLLIN), revents: 0), pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
@@ -273,7 +273,7 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
                 // must not fire or postpone a timer.
                 var timedOut = false
                 if let t {
-                    var deadline = timespec(tv_sec: t.deadline / 1_000_000_000, tv_nsec: t.deadline % 1_000_000_000)
+                    var deadline = monotonicTimespec(nanoseconds: t.deadline)
                     timedOut = ferry_futex_wait(wakeWord, seen, &deadline) == -1 && errno == ETIMEDOUT
                 } else {
                     _ = ferry_futex_wait(wakeWord, seen, nil)

@@ -190,7 +190,7 @@ public struct LiveView: Codable, Sendable, Equatable {
         var pairs: [(String, JSON)] = []
         if let adapter { pairs.append(("adapter", .string(adapter))) }
         pairs += [
-            ("max_connections", .int(maxConnections)), ("pid", .int(Int(pid))),
+            ("max_connections", .int(maxConnections)), ("pid", .int(pid)),
             (
                 "sessions",
                 .array(
@@ -198,7 +198,7 @@ public struct LiveView: Codable, Sendable, Equatable {
                         .object([("peripheral", .string($0.peripheral)), ("phase", .string($0.phase)), ("seconds", .double($0.seconds))])
                     })
             ),
-            ("slots_in_use", .int(slotsInUse)), ("updated_at", .int(Int(updatedAt))),
+            ("slots_in_use", .int(slotsInUse)), ("updated_at", .int(updatedAt)),
         ]
         return .object(pairs)
     }

@@ -15,6 +15,15 @@ import Testing
         #expect(parsed?["z"] as? String == "a\"b\\c\n\r\t\u{01}é")
     }
 
+    /// Milliseconds, file sizes and pids are written whole from their own integer types: no conversion through
+    /// the platform's `Int`, which on a 32-bit build would trap on a timestamp.
+    @Test func integersOfEveryWidthAreWrittenWhole() {
+        let value = JSON.array([
+            .int(Int64(1_796_050_800_123)), .int(Int64.min), .int(Int32(-7)), .int(UInt16(517)), .int(UInt64.max),
+        ])
+        #expect(value.text == "[1796050800123,-9223372036854775808,-7,517,9223372036854775807]")
+    }
+
     @Test func sixtyFourBitValuesAreQuotedDecimals() {
         var writer = JSONWriter()
         writer.decimal(UInt64.max)
