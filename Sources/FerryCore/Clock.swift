@@ -48,6 +48,17 @@ public func monotonicNanoseconds() -> Int64 {
     return Int64(now.tv_sec) * 1_000_000_000 + Int64(now.tv_nsec)
 }
 
+/// The point of `monotonicNanoseconds`' timeline `seconds` from now, for the threads that wait on their own.
+/// Capped at about 11 days (a deadline that far out is "never" for them, and the sum cannot overflow); a negative
+/// delay is now, and not a number (a deadline computed from a broken clock) is the cap, never a trap in the
+/// conversion.
+func monotonicDeadline(afterSeconds seconds: Double) -> Int64 {
+    let capped = seconds.isNaN ? maximumWaitSeconds : min(max(0, seconds), maximumWaitSeconds)
+    return monotonicNanoseconds() + Int64(capped * 1e9)
+}
+
+private let maximumWaitSeconds = 1_000_000.0
+
 /// A point of `monotonicNanoseconds`' timeline as the `timespec` a timed wait takes (seconds since boot fit any
 /// `time_t`).
 func monotonicTimespec(nanoseconds: Int64) -> timespec {

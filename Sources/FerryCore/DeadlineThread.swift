@@ -47,7 +47,7 @@ public final class DeadlineThread: @unchecked Sendable {
     /// ones due after it.
     @discardableResult
     public func schedule(after delay: Duration, _ action: @escaping @Sendable () -> Void) -> Token {
-        let deadline = monotonicNanoseconds() + Int64(min(max(0, delay.inSeconds), 1_000_000) * 1e9)
+        let deadline = monotonicDeadline(afterSeconds: delay.inSeconds)
         pthread_mutex_lock(mutex)
         nextID &+= 1
         let id = nextID

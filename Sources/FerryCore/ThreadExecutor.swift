@@ -147,11 +147,7 @@ public final class ThreadExecutor: TaskExecutor, @unchecked Sendable {
     /// thread's own sleep wakes no other thread, where a sleeping task's timer goes through the global
     /// executor's timer thread and a pool thread every time it is armed, cancelled or fired.
     public func setTimer(after delay: Double?, _ action: @escaping @Sendable () -> Void = {}) {
-        // Capped (about 11 days): a deadline that far out is "never" for a session, and the sum cannot overflow.
-        // Not a number (a deadline computed from a broken clock) is "never" too, not a trap in Int().
-        let deadline = delay.map { delay in
-            monotonicNanoseconds() + Int64((delay.isNaN ? 1_000_000 : min(max(0, delay), 1_000_000)) * 1e9)
-        }
+        let deadline = delay.map { monotonicDeadline(afterSeconds: $0) }
         pthread_mutex_lock(mutex)
         timerGeneration &+= 1
         timer = deadline.map { ($0, timerGeneration, action) }
