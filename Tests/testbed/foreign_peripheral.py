@@ -23,7 +23,6 @@ async def main(address: str, ready_file: str) -> None:
     from bumble.gatt import Characteristic, Service
     from bumble.hci import Address
     from bumble.host import Host
-    from bumble.transport import open_transport
     from bumble.transport.common import AsyncPipeSink
 
     RoutingLink, KernelFacingController = bed.make_link_and_controller_classes()
@@ -38,7 +37,7 @@ async def main(address: str, ready_file: str) -> None:
     await device.start_advertising(
         auto_restart=True, advertising_data=bed.adv_data(name), scan_response_data=bed.scan_response(name),
         advertising_interval_min=100, advertising_interval_max=100)
-    transport = await open_transport("vhci")
+    transport = await bed.open_controller_transport("vhci")
     kernel_controller = KernelFacingController(
         "hci-vhci-2", host_source=transport.source, host_sink=transport.sink, link=link,
         public_address="F0:E0:D0:00:00:02")

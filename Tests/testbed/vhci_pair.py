@@ -16,13 +16,12 @@ import peripheral as bed  # noqa: E402
 
 
 async def main(ready_file: str) -> None:
-    from bumble.transport import open_transport
 
     RoutingLink, KernelFacingController = bed.make_link_and_controller_classes()
     link = RoutingLink()
     keep = []
     for n, address in enumerate(("F0:E0:D0:00:00:03", "F0:E0:D0:00:00:04")):
-        transport = await open_transport("vhci")
+        transport = await bed.open_controller_transport("vhci")
         keep.append((transport, KernelFacingController(
             f"hci-vhci-pair-{n}", host_source=transport.source, host_sink=transport.sink, link=link,
             public_address=address)))

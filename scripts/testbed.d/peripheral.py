@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
@@ -970,6 +971,71 @@ def make_link_and_controller_classes():
     return RoutingLink, KernelFacingController
 
 
+class VhciTransport:
+    """/dev/vhci as the transport between a kernel-facing controller and the kernel (it becomes hciN).
+
+    The kernel refuses a packet written to /dev/vhci with ENXIO while the hci device is down
+    (hci_recv_frame): bluetoothd powering hci0 off with links still up meets a controller that still has
+    events and ACL data on their way, and on a real transport those are simply lost. bumble's file
+    transport treats the failed write as fatal and closes /dev/vhci, which unregisters hci0 for good:
+    the bed then had no adapter after a bluetoothd restart (and once a kernel oops in hci_chan_del, the
+    links being torn down under the closing sockets). Here a refused packet is dropped and counted.
+    One packet per read(2) and per write(2), as /dev/vhci requires.
+    """
+
+    VENDOR_PACKET = 0xFF  # the kernel's first read: the index of the new hci device
+    CONTROLLER_TYPE_PRIMARY = 0x00
+
+    def __init__(self, path: str) -> None:
+        from bumble.transport.common import StreamPacketSource
+        self.path = path
+        self.fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.source = StreamPacketSource()
+        self.sink = self
+        self.refused = 0
+        self.loop = asyncio.get_running_loop()
+        self.loop.add_reader(self.fd, self._readable)
+        os.write(self.fd, bytes([self.VENDOR_PACKET, self.CONTROLLER_TYPE_PRIMARY]))
+
+    def _readable(self) -> None:
+        try:
+            data = os.read(self.fd, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as error:
+            log.error("controller: reading %s failed (%s): the controller stops", self.path, error)
+            self.loop.remove_reader(self.fd)
+            return
+        if data and data[0] != self.VENDOR_PACKET:
+            self.source.data_received(data)
+
+    def on_packet(self, packet: bytes) -> None:
+        try:
+            os.write(self.fd, packet)
+        except OSError as error:
+            if error.errno != errno.ENXIO:
+                log.error("controller: writing to %s failed (%s): packet dropped", self.path, error)
+                return
+            self.refused += 1
+            if self.refused == 1 or self.refused % 100 == 0:
+                log.warning("controller: the kernel refused %d packet(s) while its hci device was down: dropped",
+                            self.refused)
+
+    async def close(self) -> None:
+        self.loop.remove_reader(self.fd)
+        os.close(self.fd)
+
+
+async def open_controller_transport(spec: str):
+    """The transport a KernelFacingController talks to the kernel through: `vhci[:PATH]` opens /dev/vhci
+    (VhciTransport); anything else (the host layout's `unix:` socket to vhci_relay) is bumble's."""
+    kind, _, path = spec.partition(":")
+    if kind == "vhci":
+        return VhciTransport(path or "/dev/vhci")
+    from bumble.transport import open_transport
+    return await open_transport(spec)
+
+
 def control_reader(path: str, loop, peripherals: dict[str, SyncPeripheral], controller=None) -> None:
     """Thread: line commands from a FIFO, e.g. `restart C0:FF:EE:00:00:01` or `add all 100`."""
     fd = os.open(path, os.O_RDWR)  # RDWR: no EOF when the last writer closes
@@ -995,8 +1061,6 @@ def control_reader(path: str, loop, peripherals: dict[str, SyncPeripheral], cont
 
 
 async def run(args, faults, pairings) -> None:
-    from bumble.transport import open_transport
-
     RoutingLink, KernelFacingController = make_link_and_controller_classes()
     store_dir = args.store_dir or os.path.join(args.stats_dir, "store")
     os.makedirs(store_dir, exist_ok=True)
@@ -1018,7 +1082,7 @@ async def run(args, faults, pairings) -> None:
         if os.path.exists(vhci_path):
             break
         await asyncio.sleep(0.1)
-    transport = await open_transport(args.vhci)
+    transport = await open_controller_transport(args.vhci)
     # A non-zero public address: the adapter's identity on D-Bus.
     kernel_controller = KernelFacingController(
         "hci-vhci", host_source=transport.source, host_sink=transport.sink, link=link,

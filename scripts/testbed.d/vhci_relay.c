@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
     static uint8_t in[1 << 17];  /* from the port: a byte stream, framed here */
     size_t have = 0;
     static uint8_t out[1 << 16]; /* from vhci: one packet per read */
-    unsigned long to_kernel = 0, to_controller = 0;
+    unsigned long to_kernel = 0, to_controller = 0, refused = 0;
     struct pollfd fds[2] = {{.fd = vhci, .events = POLLIN}, {.fd = port, .events = POLLIN}};
     for (;;) {
         if (poll(fds, 2, -1) < 0) {
@@ -114,17 +114,23 @@ int main(int argc, char **argv) {
                     return 1;
                 }
                 if (len == 0 || (size_t)len > have - at) break;
-                if (write_all(vhci, in + at, (size_t)len) < 0) {
+                if (write_all(vhci, in + at, (size_t)len) == 0) {
+                    to_kernel++;
+                } else if (errno == ENXIO) {
+                    /* The kernel refuses packets while hci0 is down (bluetoothd powered it off with links
+                     * still up): a real transport loses them too. Closing /dev/vhci would unregister hci0. */
+                    if (refused++ == 0) fprintf(stderr, "vhci_relay: hci0 is down: dropping packets for it\n");
+                } else {
                     perror("vhci_relay: write to /dev/vhci");
                     return 1;
                 }
-                to_kernel++;
                 at += (size_t)len;
             }
             memmove(in, in + at, have - at);
             have -= at;
         }
     }
-    fprintf(stderr, "vhci_relay: %lu packets to the kernel, %lu to the controller\n", to_kernel, to_controller);
+    fprintf(stderr, "vhci_relay: %lu packets to the kernel (%lu refused while hci0 was down), %lu to the controller\n",
+            to_kernel, refused, to_controller);
     return 0;
 }
