@@ -204,6 +204,11 @@ for attempt in 1 2 3 4 5; do
     bluez_released 5
 done
 kill -0 "$NEW_BT" 2>/dev/null || fail "test bed: the new bluetoothd is running" "$(tail -2 "$R/bluetoothd-after-restart.log")"
+# The adapter must still be registered with the kernel: if it is gone (an emulated controller that closes
+# /dev/vhci takes hci0 with it), every check below fails for the bed's sake, not Ferry's.
+ADAPTER="${FERRY_TESTBED_ADAPTER:-hci0}"
+[[ -e "/sys/class/bluetooth/$ADAPTER" ]] || fail "test bed: $ADAPTER still registered with the kernel after the restart" \
+    "$(dmesg | grep -i -e bluetooth -e 'kernel BUG' | tail -3 | tr '\n' ' ')"
 touch "$LIVE_STOP"; wait "$LIVE_PID"
 B_OUT=$(drained --timeout 420)
 B_RC=$?
