@@ -16,7 +16,6 @@ import peripheral as bed  # noqa: E402
 
 
 async def main(ready_file: str) -> None:
-
     RoutingLink, KernelFacingController = bed.make_link_and_controller_classes()
     link = RoutingLink()
     keep = []

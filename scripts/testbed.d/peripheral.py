@@ -977,10 +977,9 @@ class VhciTransport:
     The kernel refuses a packet written to /dev/vhci with ENXIO while the hci device is down
     (hci_recv_frame): bluetoothd powering hci0 off with links still up meets a controller that still has
     events and ACL data on their way, and on a real transport those are simply lost. bumble's file
-    transport treats the failed write as fatal and closes /dev/vhci, which unregisters hci0 for good:
-    the bed then had no adapter after a bluetoothd restart (and once a kernel oops in hci_chan_del, the
-    links being torn down under the closing sockets). Here a refused packet is dropped and counted.
-    One packet per read(2) and per write(2), as /dev/vhci requires.
+    transport treats the failed write as fatal and closes /dev/vhci, and closing it unregisters hci0 for
+    good. Here a refused packet is dropped and counted. One packet per read(2) and per write(2), as
+    /dev/vhci requires.
     """
 
     VENDOR_PACKET = 0xFF  # the kernel's first read: the index of the new hci device
@@ -1003,11 +1002,15 @@ class VhciTransport:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as error:
-            log.error("controller: reading %s failed (%s): the controller stops", self.path, error)
-            self.loop.remove_reader(self.fd)
-            return
-        if data and data[0] != self.VENDOR_PACKET:
+            return self._stop_reading(str(error))
+        if not data:  # would stay readable forever: stop rather than spin
+            return self._stop_reading("end of file")
+        if data[0] != self.VENDOR_PACKET:
             self.source.data_received(data)
+
+    def _stop_reading(self, reason: str) -> None:
+        log.error("controller: reading %s failed (%s): the controller stops", self.path, reason)
+        self.loop.remove_reader(self.fd)
 
     def on_packet(self, packet: bytes) -> None:
         try:
