@@ -357,6 +357,50 @@ def wait_bluez_released(limit: float) -> bool:
     return False
 
 
+def _bus_driver_call(method: str, name: str) -> str | None:
+    """The last token of a bus-driver reply (GetNameOwner → ':1.5', GetConnectionUnixProcessID → '123'), or None."""
+    p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=2000", "--dest=org.freedesktop.DBus",
+                        "/org/freedesktop/DBus", f"org.freedesktop.DBus.{method}", f"string:{name}"],
+                       capture_output=True, text=True)
+    lines = p.stdout.strip().splitlines()
+    if p.returncode != 0 or not lines or not lines[-1].split():
+        return None
+    return lines[-1].split()[-1].strip('"')
+
+
+def bluez_owner_pid() -> int | None:
+    """The process id of the connection that owns org.bluez, as the bus knows it; None if none owns it."""
+    owner = _bus_driver_call("GetNameOwner", "org.bluez")
+    pid = _bus_driver_call("GetConnectionUnixProcessID", owner) if owner else None
+    return int(pid) if pid and pid.isdigit() else None
+
+
+def process_state(pid: int) -> str:
+    """One line on what a process is doing: its state, kernel wait channel and kernel stack (for a bed report)."""
+    parts = []
+    for name, path in (("state", "status"), ("wchan", "wchan"), ("stack", "stack")):
+        try:
+            text = open(f"/proc/{pid}/{path}").read()
+        except OSError as e:
+            parts.append(f"{name}: {e.strerror}")
+            continue
+        if name == "state":
+            text = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("State:")), "?")
+        parts.append(f"{name}: {' | '.join(text.split(chr(10))).strip(' |')}")
+    return f"pid {pid} " + "; ".join(parts)
+
+
+def bluez_owner_report() -> str:
+    """Why org.bluez is still owned after bluetoothd was killed, for a bed failure: what the owning process is
+    doing (a bluetoothd stuck in the guest kernel cannot exit, and the bus keeps the name until its socket closes)
+    and the kernel's last BUG lines."""
+    pid = bluez_owner_pid()
+    dmesg = subprocess.run(["dmesg"], capture_output=True, text=True).stdout.splitlines()
+    oops = [l.strip() for l in dmesg if "BUG:" in l or "kernel BUG" in l or "list_del corruption" in l or "Oops:" in l][-3:]
+    owner = process_state(pid) if pid is not None else "a connection the bus gives no process id for"
+    return f"org.bluez still owned by {owner}; kernel: {oops or 'no BUG line'}"
+
+
 def dbus_adapter_powered(name: str) -> bool | None:
     """Powered property of /org/bluez/NAME via dbus-send; None if the adapter is not on the bus."""
     p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=2000", "--dest=org.bluez",

@@ -12,7 +12,7 @@
 #      SIGSTOPped for 5 s, pings again after SIGCONT
 #   B  chaos: more events (a big batch + live events while connected), ferry run SIGKILLed at random moments
 #      KILLS times and restarted, one SIGTERM mid-transfer (exit time, every ACK committed), bluetoothd
-#      restarted under the running daemon (it must recover without a restart of its own); SIGHUP with the last
+#      crashed (SIGKILL) and restarted under the running daemon (it must recover without a restart of its own); SIGHUP with the last
 #      allowed peripheral removed (no longer synced), then put back (drained again)
 #   C  final: every event exactly once in the backend with the peripheral's bytes, outbox all COMPLETED,
 #      the stranger never connected, 0 protocol violations.
@@ -163,32 +163,38 @@ OUT=$($CHECK acked-committed --allowed "$ALLOWED_CSV" --gateway-db "$GATEWAY_DB"
 [[ $? -eq 0 ]] && pass "SIGTERM: every SYNC_ACK names a committed seq" || fail "SIGTERM: ACKs committed" "$OUT"
 start_daemon
 
-# bluetoothd restarted under the running daemon
+# bluetoothd crashes and restarts under the running daemon
 sleep 3
 add_events 200
 sleep 2
 BT_PIDS=$(pidof bluetoothd)
 BEFORE=$(python3 -c "import json,sys; print(sum(json.load(open('$R/peripheral-'+a+'.json'))['connections'] for a in sys.argv[1:]))" "${ALLOWED[@]}")
-# Every bluetoothd goes (there should be one), then the bus must have let go of org.bluez before a new one
-# asks for it: bluetoothd 5.66 sometimes hangs in its shutdown, and the bus releases the name only once it
-# has seen the old connection close. A crash is a restart too, so SIGKILL what SIGTERM did not stop.
-# Whether the bus released org.bluez within $1 s: bedlib's check, the one sync_clean uses.
+# bluetoothd crashes (SIGKILL) and a new one starts; the bus must have let go of org.bluez before the new one asks
+# for it. A crash, not a SIGTERM: on SIGTERM bluetoothd 5.66 powers the adapter off with the links still up, and
+# in the bed that shutdown is where the guest kernel (Debian 6.1) failed three times (bluetoothd hung in its
+# shutdown and never released org.bluez, twice; hci0 left the kernel, once). What Ferry must survive is the same
+# either way: org.bluez and every object under it gone, the links dropped, a new bluetoothd with a fresh tree.
+# An adapter powered off under the daemon is exercised by Tests/testbed/sync_adapter.py (power cycles through bluetoothd).
+# Whether the bus released org.bluez within $1 s: bedlib's check, the one sync_clean uses. If not, what the old
+# owner is doing and the kernel's last BUG lines go to the log and stdout (a bed failure must say why).
 bluez_released() {
     python3 -c "import sys; sys.path.insert(0, 'Tests/testbed'); import bedlib
-sys.exit(0 if bedlib.wait_bluez_released($1) else 1)"
+if not bedlib.wait_bluez_released($1):
+    print('--- test bed:', bedlib.bluez_owner_report())
+    sys.exit(1)" | tee -a "$DAEMON_LOG"
+    return "${PIPESTATUS[0]}"
 }
 any_alive() { local p; for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 # None running is possible: bluetoothd 5.66 has been seen to segfault on its own in this scenario (dmesg).
 [[ -n "$BT_PIDS" ]] || echo "--- no bluetoothd running before the restart (it had exited on its own)" >>"$DAEMON_LOG"
 # shellcheck disable=SC2086
-[[ -n "$BT_PIDS" ]] && kill -TERM $BT_PIDS
+[[ -n "$BT_PIDS" ]] && kill -KILL $BT_PIDS
 for _ in $(seq 100); do any_alive $BT_PIDS || break; sleep 0.1; done
-if any_alive $BT_PIDS; then
-    echo "--- bluetoothd $BT_PIDS ignored SIGTERM for 10 s: SIGKILL" >>"$DAEMON_LOG"
-    kill -KILL $BT_PIDS 2>/dev/null; for _ in $(seq 50); do any_alive $BT_PIDS || break; sleep 0.1; done
-fi
+any_alive $BT_PIDS && echo "--- test bed: bluetoothd $BT_PIDS still there 10 s after SIGKILL: $(python3 -c "import sys
+sys.path.insert(0, 'Tests/testbed'); import bedlib; print('; '.join(bedlib.process_state(int(p)) for p in sys.argv[1:]))" $BT_PIDS)" \
+    | tee -a "$DAEMON_LOG"
 bluez_released 15 && NAME_STATE=released || NAME_STATE="STILL OWNED after 15 s"
-echo "--- bluetoothd $BT_PIDS stopped, org.bluez $NAME_STATE ($(date +%T.%N))" >>"$DAEMON_LOG"
+echo "--- bluetoothd $BT_PIDS killed, org.bluez $NAME_STATE ($(date +%T.%N))" >>"$DAEMON_LOG"
 sleep 2
 BLUETOOTHD=/usr/libexec/bluetooth/bluetoothd; [[ -x $BLUETOOTHD ]] || BLUETOOTHD=/usr/lib/bluetooth/bluetoothd
 # The bed's job is to give the daemon a bluetoothd back: if the bus still hands the name to a dying owner,
