@@ -340,10 +340,7 @@ def pids_named(name: str) -> list[int]:
 
 def bus_owns_bluez() -> bool:
     """Whether some connection owns org.bluez on the system bus (a new bluetoothd cannot start while one does)."""
-    p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=2000", "--dest=org.freedesktop.DBus",
-                        "/org/freedesktop/DBus", "org.freedesktop.DBus.NameHasOwner", "string:org.bluez"],
-                       capture_output=True, text=True)
-    return p.returncode == 0 and "boolean true" in p.stdout
+    return _bus_driver_call("NameHasOwner", "org.bluez") == "true"
 
 
 def wait_bluez_released(limit: float) -> bool:
@@ -358,7 +355,8 @@ def wait_bluez_released(limit: float) -> bool:
 
 
 def _bus_driver_call(method: str, name: str) -> str | None:
-    """The last token of a bus-driver reply (GetNameOwner → ':1.5', GetConnectionUnixProcessID → '123'), or None."""
+    """The last token of a bus-driver reply (NameHasOwner → 'true', GetNameOwner → ':1.5',
+    GetConnectionUnixProcessID → '123'), or None if the call failed."""
     p = subprocess.run(["dbus-send", "--system", "--print-reply", "--reply-timeout=2000", "--dest=org.freedesktop.DBus",
                         "/org/freedesktop/DBus", f"org.freedesktop.DBus.{method}", f"string:{name}"],
                        capture_output=True, text=True)
