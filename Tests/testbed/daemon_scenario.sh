@@ -171,8 +171,8 @@ BT_PIDS=$(pidof bluetoothd)
 BEFORE=$(python3 -c "import json,sys; print(sum(json.load(open('$R/peripheral-'+a+'.json'))['connections'] for a in sys.argv[1:]))" "${ALLOWED[@]}")
 # bluetoothd crashes (SIGKILL) and a new one starts; the bus must have let go of org.bluez before the new one asks
 # for it. A crash, not a SIGTERM: on SIGTERM bluetoothd 5.66 powers the adapter off with the links still up, and
-# in the bed that shutdown is where the guest kernel (Debian 6.1) failed three times (bluetoothd hung in its
-# shutdown and never released org.bluez, twice; hci0 left the kernel, once). What Ferry must survive is the same
+# in the bed that shutdown is where the guest kernel (Debian 6.1) fails: bluetoothd hangs in it and never releases
+# org.bluez, or hci0 leaves the kernel (Hardware/TESTBED.md, Files). What Ferry must survive is the same
 # either way: org.bluez and every object under it gone, the links dropped, a new bluetoothd with a fresh tree.
 # An adapter powered off under the daemon is exercised by Tests/testbed/sync_adapter.py (power cycles through bluetoothd).
 # Whether the bus released org.bluez within $1 s: bedlib's check, the one sync_clean uses. If not, what the old
