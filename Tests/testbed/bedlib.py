@@ -384,7 +384,7 @@ def process_state(pid: int) -> str:
             continue
         if name == "state":
             text = next((l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("State:")), "?")
-        parts.append(f"{name}: {' | '.join(text.split(chr(10))).strip(' |')}")
+        parts.append(f"{name}: " + " | ".join(line for line in text.splitlines() if line))
     return f"pid {pid} " + "; ".join(parts)
 
 
