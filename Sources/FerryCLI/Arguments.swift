@@ -72,7 +72,7 @@ struct ParsedArguments {
     func number(_ name: String, default fallback: Double, range: ClosedRange<Double>) throws -> Double {
         guard let text = values[name] else { return fallback }
         guard let value = Double(text), range.contains(value) else {
-            let bounds = cFormat("%g...%g", range.lowerBound, range.upperBound)
+            let bounds = "\(plainNumber(range.lowerBound))...\(plainNumber(range.upperBound))"
             throw UsageError("\(name) must be a number (\(bounds)), got '\(text)'")
         }
         return value

@@ -20,3 +20,10 @@ extension StringProtocol {
         return String(self[first...last])
     }
 }
+
+/// A number as an operator writes it in a config file or on a command line: `10`, not `10.0`; a fraction in
+/// the shortest form that reads back exactly (`0.05`). For the bounds and values in error messages.
+public func plainNumber(_ value: Double) -> String {
+    if value == value.rounded(), let whole = Int64(exactly: value) { return String(whole) }
+    return String(value)
+}

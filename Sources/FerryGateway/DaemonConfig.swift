@@ -321,7 +321,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
             case nil, .null?: return nil
             case .number(let n)?:
                 guard range.contains(n) else {
-                    throw ConfigError(key: prefix + key, problem: "must be in \(range.lowerBound)...\(range.upperBound), got \(n)")
+                    let bounds = "\(plainNumber(range.lowerBound))...\(plainNumber(range.upperBound))"
+                    throw ConfigError(key: prefix + key, problem: "must be in \(bounds), got \(plainNumber(n))")
                 }
                 return n
             case let other?: throw ConfigError(key: prefix + key, problem: "must be a number, got \(other.kind)")
@@ -331,7 +332,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
         func integer(_ key: String, _ range: ClosedRange<Int>) throws -> Int? {
             guard let n = try number(key, -9.0e18...9.0e18) else { return nil }
             guard n == n.rounded(), let i = Int(exactly: n) else {
-                throw ConfigError(key: prefix + key, problem: "must be a whole number, got \(n)")
+                throw ConfigError(key: prefix + key, problem: "must be a whole number, got \(plainNumber(n))")
             }
             guard range.contains(i) else {
                 let upper = range.upperBound == Int.max ? "" : "\(range.upperBound)"

@@ -96,6 +96,15 @@ import Testing
         #expect(cFormat("") == "")
     }
 
+    @Test func plainNumberWritesWholeNumbersWithoutAFraction() {
+        #expect(plainNumber(86_400) == "86400")
+        #expect(plainNumber(-3) == "-3")
+        #expect(plainNumber(0.05) == "0.05")
+        #expect(plainNumber(1_048_576) == "1048576")  // not %g's 1.04858e+06
+        #expect(plainNumber(1e300) == "1e+300")  // past Int64: Swift's shortest exact form
+        #expect(plainNumber(.nan) == "nan")
+    }
+
     @Test func trimmingWhitespaceDropsSpacesTabsAndLineEndsAtBothEnds() {
         #expect(" \t gzip \r\n".trimmingWhitespace() == "gzip")
         #expect("a b".trimmingWhitespace() == "a b")

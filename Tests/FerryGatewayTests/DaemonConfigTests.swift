@@ -55,6 +55,17 @@ import Testing
         #expect(budget <= max(1 << 20, free / 2 + 1 << 20))
     }
 
+    /// Range errors print numbers the way the operator writes them and the docs list them (`10...86400`, not
+    /// `10.0...86400.0`); a fraction stays a fraction.
+    @Test func rangeErrorsPrintNumbersAsWritten() throws {
+        let wedged = error(#"{"adapter_recovery": {"wedged_after_seconds": 1}}"#)
+        #expect(wedged?.key == "adapter_recovery.wedged_after_seconds")
+        #expect(wedged?.problem == "must be in 10...86400, got 1")
+        #expect(error(#"{"backoff_base_seconds": 0.05}"#)?.problem == "must be in 0.1...3600, got 0.05")
+        #expect(error(#"{"max_connections": 2.5}"#)?.problem == "must be a whole number, got 2.5")
+        #expect(error(#"{"max_connections": 11}"#)?.problem == "must be in 1...10, got 11")
+    }
+
     @Test func requireBondParsesAndIsABoolean() throws {
         #expect(try parse(#"{"require_bond": false}"#).requireBond == false)
         #expect(error(#"{"require_bond": "no"}"#)?.key == "require_bond")
