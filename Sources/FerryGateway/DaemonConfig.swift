@@ -330,13 +330,15 @@ public struct DaemonConfiguration: Sendable, Equatable {
         }
 
         func integer(_ key: String, _ range: ClosedRange<Int>) throws -> Int? {
-            guard let n = try number(key, -9.0e18...9.0e18) else { return nil }
-            guard n == n.rounded(), let i = Int(exactly: n) else {
+            guard let n = try number(key, -Double.greatestFiniteMagnitude...Double.greatestFiniteMagnitude) else {
+                return nil
+            }
+            guard n == n.rounded() else {
                 throw ConfigError(key: prefix + key, problem: "must be a whole number, got \(plainNumber(n))")
             }
-            guard range.contains(i) else {
+            guard let i = Int(exactly: n), range.contains(i) else {  // past Int: out of any key's range too
                 let upper = range.upperBound == Int.max ? "" : "\(range.upperBound)"
-                throw ConfigError(key: prefix + key, problem: "must be in \(range.lowerBound)...\(upper), got \(i)")
+                throw ConfigError(key: prefix + key, problem: "must be in \(range.lowerBound)...\(upper), got \(plainNumber(n))")
             }
             return i
         }

@@ -64,6 +64,7 @@ import Testing
         #expect(error(#"{"backoff_base_seconds": 0.05}"#)?.problem == "must be in 0.1...3600, got 0.05")
         #expect(error(#"{"max_connections": 2.5}"#)?.problem == "must be a whole number, got 2.5")
         #expect(error(#"{"max_connections": 11}"#)?.problem == "must be in 1...10, got 11")
+        #expect(error(#"{"max_connections": 1e19}"#)?.problem == "must be in 1...10, got 1e+19")  // past Int
     }
 
     @Test func requireBondParsesAndIsABoolean() throws {
