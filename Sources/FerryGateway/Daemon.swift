@@ -655,7 +655,8 @@ public actor GatewayDaemon {
         totals.sessions += 1
         let settings = SessionSettings(
             policy: policy, configuration: configuration.sessionConfiguration, databasePath: configuration.databasePath,
-            connectTimeout: configuration.connectTimeoutSeconds, diskBudgetBytes: effectiveDiskBudget,
+            connectTimeout: configuration.connectTimeoutSeconds, discoveryTimeout: configuration.discoveryTimeoutSeconds,
+            diskBudgetBytes: effectiveDiskBudget,
             requireBond: configuration.requireBond, counters: SessionCounters(metrics: metrics, outbox: outboxWakeup))
         let log = self.log
         let clock = self.clock
@@ -842,6 +843,8 @@ struct SessionSettings: Sendable {
     var configuration: SyncSession.Configuration
     var databasePath: String
     var connectTimeout: Double
+    /// How long one connect looks for a peripheral BlueZ does not know, or waits for the adapter or bluetoothd.
+    var discoveryTimeout: Double
     var diskBudgetBytes: Int64?
     var requireBond = true
     /// Counts frames and bytes as the session goes, and wakes the forwarder per commit.
@@ -901,7 +904,8 @@ struct SlotSession: Sendable {
         configuration.stayConnected = settings.policy.stayConnected
         var worker = SessionWorker.Settings(
             address: address, databasePath: settings.databasePath, configuration: configuration,
-            diskBudgetBytes: settings.diskBudgetBytes, requireBond: settings.requireBond, waitTimeout: .seconds(15),
+            diskBudgetBytes: settings.diskBudgetBytes, requireBond: settings.requireBond,
+            waitTimeout: .milliseconds(Int64(settings.discoveryTimeout * 1000)),
             connectTimeout: .milliseconds(Int64(settings.connectTimeout * 1000)), resolveTimeout: .seconds(20))
         // The daemon's own scheduler backs off between sessions; inside one attempt keep retries short so a
         // dead peripheral does not hold a slot for minutes.

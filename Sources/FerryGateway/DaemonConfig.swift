@@ -65,6 +65,9 @@ public struct DaemonConfiguration: Sendable, Equatable {
     /// that is smaller (a config written before `ack_every` existed, with a small window, keeps working).
     public var ackEvery: Int?
     public var connectTimeoutSeconds: Double = 35
+    /// How long one connect looks for a peripheral BlueZ does not know (discovery), or waits for the adapter or
+    /// bluetoothd, before the attempt counts as failed: a peripheral out of range holds its slot this long.
+    public var discoveryTimeoutSeconds: Double = 15
     public var diskBudgetBytes: Int64?
     /// Delivered (COMPLETED) events and their frames are deleted this long after delivery (storage pressure
     /// deletes them earlier, oldest first).
@@ -122,8 +125,9 @@ public struct DaemonConfiguration: Sendable, Equatable {
     static let topLevelKeys: Set<String> = [
         "state_dir", "adapter", "peripherals", "allow_any_sync_peripheral", "stay_connected_default", "require_bond",
         "max_connections", "sync_interval_seconds", "backoff_base_seconds", "backoff_cap_seconds", "window",
-        "ack_every", "connect_timeout_seconds", "disk_budget_bytes", "retention_hours", "shutdown_grace_seconds", "log_level",
-        "uplink", "no_progress_seconds", "max_session_seconds", "metrics_listen", "adapter_recovery",
+        "ack_every", "connect_timeout_seconds", "discovery_timeout_seconds", "disk_budget_bytes", "retention_hours",
+        "shutdown_grace_seconds", "log_level", "uplink", "no_progress_seconds", "max_session_seconds",
+        "metrics_listen", "adapter_recovery",
     ]
     static let adapterRecoveryKeys: Set<String> = [
         "enabled", "wedged_after_seconds", "min_failures", "adapter_missing_seconds", "verify_seconds",
@@ -166,6 +170,7 @@ public struct DaemonConfiguration: Sendable, Equatable {
         if let v = try reader.integer("window", 1...65_535) { c.window = UInt16(v) }
         if let v = try reader.integer("ack_every", 1...65_535) { c.ackEvery = v }
         if let v = try reader.number("connect_timeout_seconds", 1...600) { c.connectTimeoutSeconds = v }
+        if let v = try reader.number("discovery_timeout_seconds", 2...600) { c.discoveryTimeoutSeconds = v }
         if let v = try reader.integer("disk_budget_bytes", 1_048_576...Int.max) { c.diskBudgetBytes = Int64(v) }
         if let v = try reader.number("retention_hours", 0...87_600) { c.retentionHours = v }
         if let v = try reader.number("shutdown_grace_seconds", 0.5...60) { c.shutdownGraceSeconds = v }

@@ -67,6 +67,16 @@ import Testing
         #expect(error(#"{"max_connections": 1e19}"#)?.problem == "must be in 1...10, got 1e+19")  // past Int
     }
 
+    /// One connect's discovery bound: 15 s unless set, a number of seconds in 2...600.
+    @Test func discoveryTimeoutDefaultsTo15SecondsAndIsBounded() throws {
+        #expect(try parse("{}").discoveryTimeoutSeconds == 15)
+        #expect(try parse(#"{"discovery_timeout_seconds": 4.5}"#).discoveryTimeoutSeconds == 4.5)
+        let tooShort = error(#"{"discovery_timeout_seconds": 1}"#)
+        #expect(tooShort?.key == "discovery_timeout_seconds")
+        #expect(tooShort?.problem == "must be in 2...600, got 1")
+        #expect(error(#"{"discovery_timeout_seconds": "5"}"#)?.key == "discovery_timeout_seconds")
+    }
+
     @Test func requireBondParsesAndIsABoolean() throws {
         #expect(try parse(#"{"require_bond": false}"#).requireBond == false)
         #expect(error(#"{"require_bond": "no"}"#)?.key == "require_bond")

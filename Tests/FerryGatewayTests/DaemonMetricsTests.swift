@@ -74,4 +74,38 @@ import FerryFakeBlueZ
         _ = await running.result
         #expect(!FileManager.default.fileExists(atPath: liveFile.path), "a stopped daemon leaves no live view")
     }
+
+    /// `discovery_timeout_seconds` bounds how long one connect looks for a peripheral bluetoothd has not seen: the
+    /// attempt fails after that long (not the default 15 s) and says so.
+    @Test func aPeripheralNotInRangeFailsItsConnectAfterTheConfiguredDiscoveryTimeout() async throws {
+        let bus = try TestBus()
+        let fake = try await FakeBlueZ.start(on: bus, tree: FakeBlueZ.adapterOnly())
+        defer { fake.stop() }
+        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-discovery-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: dir) }
+        var configuration = DaemonConfiguration()
+        configuration.stateDir = dir.path
+        configuration.requireBond = false
+        configuration.peripherals = [PeripheralPolicy(address: PeripheralAddress(FakeBlueZ.deviceAddress)!)]
+        configuration.discoveryTimeoutSeconds = 2
+        try StateDirectory.prepare(dir.path)
+        let log = RecordingLog()
+        let busAddress = bus.address
+        let daemon = GatewayDaemon(
+            configuration: configuration, log: log,
+            connectBus: { try await DBusConnection.connect(to: .address(busAddress), defaultCallTimeout: .seconds(5)) })
+        let started = ContinuousClock.now
+        let running = Task { try await daemon.run() }
+        defer { running.cancel() }
+        let expected = "connect failed: notFound: device \(FakeBlueZ.deviceAddress) not seen within 2 s of discovery"
+        while !log.all.contains(where: { $0.contains(expected) }) && ContinuousClock.now - started < .seconds(60) {
+            try await Task.sleep(for: .milliseconds(50))
+        }
+        let took = ContinuousClock.now - started
+        #expect(log.all.contains { $0.contains(expected) }, "\(log.all.suffix(10))")
+        #expect(took < .seconds(14), "the first attempt ended after \(took), as if the 15 s default applied")
+        #expect(fake.calls.contains("Adapter1.StartDiscovery \(FakeBlueZ.adapterPath)"), "\(fake.calls)")
+        running.cancel()
+        _ = await running.result
+    }
 }
