@@ -41,10 +41,12 @@ def write_config(path: str, state: str, address: str, lab: bool) -> None:
             "max_connections": 2,
             "sync_interval_seconds": 2, "backoff_base_seconds": 1, "backoff_cap_seconds": 4,
             "connect_timeout_seconds": 10, "log_level": "info", "metrics_listen": METRICS,
-            # Short thresholds so the ladder fits a CI boot (defaults: 300 / 3 / 60 / 120 / 3600 s); verify 45 s: after a
+            # A wedged controller finds nothing: each connect fails after this discovery (default 15 s).
+            "discovery_timeout_seconds": 5,
+            # Short thresholds so the ladder fits a CI boot (defaults: 300 / 3 / 60 / 120 / 3600 s); verify 30 s: after a
             # power cycle the bed's busy bluetoothd needs ~15 s to report the peripheral again.
             "adapter_recovery": {"wedged_after_seconds": 12, "min_failures": 2, "adapter_missing_seconds": 8,
-                                 "verify_seconds": 45, "cooldown_seconds": 600},
+                                 "verify_seconds": 30, "cooldown_seconds": 600},
         }, f)
 
 

@@ -121,7 +121,7 @@ def one_clear_error(r: b.FerryRun) -> bool:
 
 
 def scenario_errors(c: b.Checks, db: str) -> None:
-    r = b.ferry(["sync", "--address", "C0:FF:EE:00:09:99", "--db", db, "--timeout", "20"], limit=45)
+    r = b.ferry(["sync", "--address", "C0:FF:EE:00:09:99", "--db", db, "--timeout", "8"], limit=30)
     c.check("4 unknown address: exit 1, one line saying not found",
             one_clear_error(r) and "not found" in r.stderr, r.brief())
     r = b.ferry(["sync", "--address", b.peripherals()[0], "--adapter", "hci9", "--db", db, "--timeout", "20"],
