@@ -144,6 +144,8 @@ public struct DaemonConfiguration: Sendable, Equatable {
         let root: JSONValue
         do {
             root = try JSONDecoder().decode(JSONValue.self, from: data)
+        } catch let error as ConfigError {
+            throw error
         } catch {
             throw ConfigError(key: "", problem: "not valid JSON: \(Self.describe(error))")
         }
@@ -363,16 +365,41 @@ enum JSONValue: Decodable, Equatable, Sendable {
         let container = try decoder.singleValueContainer()
         if container.decodeNil() {
             self = .null
-        } else if let b = try? container.decode(Bool.self) {
+            return
+        }
+        if let b = try? container.decode(Bool.self) {
             self = .bool(b)
-        } else if let n = try? container.decode(Double.self) {
-            self = .number(n)
-        } else if let s = try? container.decode(String.self) {
+            return
+        }
+        do {
+            self = .number(try container.decode(Double.self))
+            return
+        } catch DecodingError.typeMismatch {
+            // Not a number: one of the kinds below.
+        } catch {
+            // A number no Double holds (1e400): the decoder's own error names neither the key nor the problem.
+            throw ConfigError(key: Self.keyPath(container.codingPath), problem: "the number is beyond ±1.8e308 (no setting takes it)")
+        }
+        if let s = try? container.decode(String.self) {
             self = .string(s)
-        } else if let a = try? container.decode([JSONValue].self) {
-            self = .array(a)
-        } else {
+            return
+        }
+        do {
+            self = .array(try container.decode([JSONValue].self))
+        } catch DecodingError.typeMismatch(_, let context) where context.codingPath.count == container.codingPath.count {
+            // Not an array (a mismatch inside one, deeper in the path, is that element's own error).
             self = .object(try container.decode([String: JSONValue].self))
+        }
+    }
+
+    /// `uplink.timeout_seconds`, `peripherals[1].address`: a decoding path as the config's error lines name keys.
+    static func keyPath(_ path: [any CodingKey]) -> String {
+        path.reduce(into: "") { text, key in
+            if let index = key.intValue {
+                text += "[\(index)]"
+            } else {
+                text += (text.isEmpty ? "" : ".") + key.stringValue
+            }
         }
     }
 

@@ -187,6 +187,10 @@ import Testing
         #expect(error("{\(valid), \"backoff_base_seconds\": 10, \"backoff_cap_seconds\": 5}")?.key == "backoff_cap_seconds")
         #expect(error("[1, 2]")?.problem == "the config must be a JSON object")
         #expect(error("{").map { $0.problem.hasPrefix("not valid JSON") } == true)
+        // A number no Double holds is named by its key, not reported as the decoder's type mismatch.
+        let huge = error(#"{"uplink": {"timeout_seconds": 1e400}}"#)
+        #expect(huge == ConfigError(key: "uplink.timeout_seconds", problem: "the number is beyond ±1.8e308 (no setting takes it)"))
+        #expect(error(#"{"peripherals": [{"address": -1e999}]}"#)?.key == "peripherals[0].address")
     }
 
     @Test func validationRefusesConfigsThatCouldNeverSyncAnything() {
