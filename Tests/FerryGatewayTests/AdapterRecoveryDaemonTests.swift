@@ -23,13 +23,8 @@ import FerryFakeBlueZ
         configuration.backoffBaseSeconds = 0.2
         configuration.backoffCapSeconds = 1
         configuration.adapterRecovery = recovery
-        try StateDirectory.prepare(dir.path)
         let metrics = GatewayMetrics(maxConnections: configuration.maxConnections)
-        let busAddress = bus.address
-        let daemon = GatewayDaemon(
-            configuration: configuration, log: log,
-            connectBus: { try await DBusConnection.connect(to: .address(busAddress), defaultCallTimeout: .seconds(5)) },
-            metrics: metrics)
+        let daemon = try GatewayDaemon.onTestBus(bus, configuration: configuration, log: log, metrics: metrics)
         return (daemon, metrics, dir)
     }
 

@@ -34,14 +34,10 @@ import FerryFakeBlueZ
         configuration.stateDir = dir.path
         configuration.peripherals = [PeripheralPolicy(address: PeripheralAddress(FakeBlueZ.deviceAddress)!)]
         configuration.backoffBaseSeconds = 0.1
-        try StateDirectory.prepare(dir.path)
         let metrics = GatewayMetrics(maxConnections: configuration.maxConnections)
         let health = DaemonHealth()
-        let busAddress = bus.address
-        let daemon = GatewayDaemon(
-            configuration: configuration, log: RecordingLog(),
-            connectBus: { try await DBusConnection.connect(to: .address(busAddress), defaultCallTimeout: .seconds(5)) },
-            health: health, metrics: metrics)
+        let daemon = try GatewayDaemon.onTestBus(
+            bus, configuration: configuration, log: RecordingLog(), health: health, metrics: metrics)
         let running = Task { try await daemon.run() }
         defer { running.cancel() }
         let endpoint = MetricsEndpoint(metrics: metrics, health: health, databasePath: configuration.databasePath)
@@ -88,12 +84,8 @@ import FerryFakeBlueZ
         configuration.requireBond = false
         configuration.peripherals = [PeripheralPolicy(address: PeripheralAddress(FakeBlueZ.deviceAddress)!)]
         configuration.discoveryTimeoutSeconds = 2
-        try StateDirectory.prepare(dir.path)
         let log = RecordingLog()
-        let busAddress = bus.address
-        let daemon = GatewayDaemon(
-            configuration: configuration, log: log,
-            connectBus: { try await DBusConnection.connect(to: .address(busAddress), defaultCallTimeout: .seconds(5)) })
+        let daemon = try GatewayDaemon.onTestBus(bus, configuration: configuration, log: log)
         let started = ContinuousClock.now
         let running = Task { try await daemon.run() }
         defer { running.cancel() }

@@ -213,12 +213,8 @@ final class RecordingLog: LogSink {
         var configuration = DaemonConfiguration()
         configuration.stateDir = dir.path
         configuration.peripherals = [PeripheralPolicy(address: address)]
-        try StateDirectory.prepare(dir.path)
         let log = RecordingLog()
-        let busAddress = bus.address
-        let daemon = GatewayDaemon(
-            configuration: configuration, log: log,
-            connectBus: { try await DBusConnection.connect(to: .address(busAddress), defaultCallTimeout: .seconds(5)) })
+        let daemon = try GatewayDaemon.onTestBus(bus, configuration: configuration, log: log)
         let running = Task { try await daemon.run() }
         defer { running.cancel() }
 

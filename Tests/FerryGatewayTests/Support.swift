@@ -1,5 +1,8 @@
+import FerryDBus
 import FerryFakeBlueZ
 import FerryGateway
+import FerryProtocol
+import FerryTestBus
 import Foundation
 import Testing
 
@@ -16,6 +19,21 @@ struct TemporaryDirectory {
     func path(_ name: String) -> String { url.appendingPathComponent(name).path }
 
     func remove() { try? FileManager.default.removeItem(at: url) }
+}
+
+extension GatewayDaemon {
+    /// A daemon whose "system bus" is `bus` (where the fake org.bluez answers), its state directory prepared.
+    static func onTestBus(
+        _ bus: TestBus, configuration: DaemonConfiguration, log: any LogSink, health: DaemonHealth? = nil,
+        metrics: GatewayMetrics? = nil
+    ) throws -> GatewayDaemon {
+        try StateDirectory.prepare(configuration.stateDir)
+        let busAddress = bus.address
+        return GatewayDaemon(
+            configuration: configuration, log: log,
+            connectBus: { try await DBusConnection.connect(to: .address(busAddress), defaultCallTimeout: .seconds(5)) },
+            health: health, metrics: metrics)
+    }
 }
 
 /// The fake org.bluez spells the Sync profile's UUIDs itself (it serves FerryBlueZTests, which do not link
