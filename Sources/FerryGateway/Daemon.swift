@@ -905,8 +905,8 @@ struct SlotSession: Sendable {
         var worker = SessionWorker.Settings(
             address: address, databasePath: settings.databasePath, configuration: configuration,
             diskBudgetBytes: settings.diskBudgetBytes, requireBond: settings.requireBond,
-            waitTimeout: .milliseconds(Int64(settings.discoveryTimeout * 1000)),
-            connectTimeout: .milliseconds(Int64(settings.connectTimeout * 1000)), resolveTimeout: .seconds(20))
+            waitTimeout: .secondsClamped(settings.discoveryTimeout),
+            connectTimeout: .secondsClamped(settings.connectTimeout), resolveTimeout: .seconds(20))
         // The daemon's own scheduler backs off between sessions; inside one attempt keep retries short so a
         // dead peripheral does not hold a slot for minutes.
         worker.retry.configuration.maxTransientAttempts = 2
