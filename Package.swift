@@ -116,16 +116,17 @@ let package = Package(
             name: "ferry", dependencies: ["FerryCLI", "CSyscall"], exclude: ["link"], linkerSettings: executableLink),
 
         // Test tools shared by test targets (libraries, since a test target cannot depend on another): a private
-        // dbus-daemon per test, and a fake org.bluez on it.
+        // dbus-daemon per test, a fake org.bluez on it, and a temporary directory.
         .target(name: "FerryTestBus", dependencies: ["FerryCore", "FerryDBus"], path: "Tests/FerryTestBus"),
         .target(name: "FerryFakeBlueZ", dependencies: ["FerryCore", "FerryTestBus", "FerryDBus", "FerryBlueZ"], path: "Tests/FerryFakeBlueZ"),
+        .target(name: "FerryTestSupport", path: "Tests/FerryTestSupport"),
 
         // One test target per library module; FerryIntegrationTests for whole sessions across modules.
         .testTarget(name: "FerryCoreTests", dependencies: ["FerryCore"]),
         .testTarget(name: "FerryProtocolTests", dependencies: ["FerryProtocol", "FerrySimulator"]),
         .testTarget(name: "FerryStoreTests", dependencies: ["FerryCore", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerrySyncTests", dependencies: ["FerryCore", "FerrySync", "FerryStore", "FerryProtocol"]),
-        .testTarget(name: "FerrySimulatorTests", dependencies: ["FerrySimulator", "FerryProtocol"]),
+        .testTarget(name: "FerrySimulatorTests", dependencies: ["FerrySimulator", "FerryProtocol", "FerryTestSupport"]),
         .testTarget(name: "FerryUplinkTests", dependencies: ["FerryUplink", "FerryStore", "FerryProtocol"]),
         .testTarget(name: "FerryDBusTests", dependencies: ["FerryDBus", "FerryTestBus"]),
         .testTarget(name: "FerryBlueZTests", dependencies: ["FerryCore", "FerryBlueZ", "FerryDBus", "FerryTestBus", "FerryFakeBlueZ"]),
@@ -133,9 +134,11 @@ let package = Package(
             name: "FerryGatewayTests",
             dependencies: [
                 "FerryCore", "FerryGateway", "FerryBlueZ", "FerryDBus", "FerrySync", "FerryStore", "FerryProtocol", "FerrySimulator",
-                "FerryTestBus", "FerryFakeBlueZ",
+                "FerryTestBus", "FerryFakeBlueZ", "FerryTestSupport",
             ]),
-        .testTarget(name: "FerryIntegrationTests", dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator"]),
+        .testTarget(
+            name: "FerryIntegrationTests",
+            dependencies: ["FerrySync", "FerryGateway", "FerryStore", "FerryProtocol", "FerrySimulator", "FerryTestSupport"]),
         .testTarget(name: "FerryCLITests", dependencies: ["FerryCLI", "FerryStore", "FerryTestBus", "FerryGateway", "FerryProtocol"]),
     ],
     swiftLanguageModes: [.v6]

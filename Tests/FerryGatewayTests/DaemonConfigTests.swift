@@ -2,6 +2,7 @@ import FerryGateway
 import FerrySync
 import FerryProtocol
 import FerryStore
+import FerryTestSupport
 import Foundation
 import Testing
 

@@ -6,21 +6,6 @@ import FerryTestBus
 import Foundation
 import Testing
 
-/// A fresh directory under the system temp dir, removed by `remove()`.
-struct TemporaryDirectory {
-    let url: URL
-
-    init(_ label: String) throws {
-        url = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "ferry-gw-\(label)-\(UUID().uuidString.prefix(8))")
-        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-    }
-
-    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
-
-    func remove() { try? FileManager.default.removeItem(at: url) }
-}
-
 extension GatewayDaemon {
     /// A daemon whose "system bus" is `bus` (where the fake org.bluez answers), its state directory prepared.
     static func onTestBus(

@@ -1,5 +1,6 @@
 import FerryGateway
 import FerrySync
+import FerryTestSupport
 import Foundation
 import Testing
 import FerryTestBus

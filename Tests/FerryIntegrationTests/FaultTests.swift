@@ -3,6 +3,7 @@ import FerrySync
 import FerryProtocol
 import FerrySimulator
 import FerryStore
+import FerryTestSupport
 import Foundation
 import Testing
 

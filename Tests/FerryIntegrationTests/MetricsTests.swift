@@ -1,6 +1,7 @@
 import FerryProtocol
 import FerrySimulator
 import FerryStore
+import FerryTestSupport
 import Foundation
 import Testing
 

@@ -3,6 +3,7 @@ import FerryProtocol
 import FerrySimulator
 import FerryStore
 import FerrySync
+import FerryTestSupport
 import Foundation
 import Testing
 

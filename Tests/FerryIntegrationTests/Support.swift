@@ -3,24 +3,10 @@ import FerrySync
 import FerryProtocol
 import FerrySimulator
 import FerryStore
+import FerryTestSupport
 import Foundation
 import Synchronization
 import Testing
-
-/// A fresh directory under the system temp dir, removed by `remove()`.
-struct TemporaryDirectory {
-    let url: URL
-
-    init(_ label: String) throws {
-        url = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "ferry-it-\(label)-\(UUID().uuidString.prefix(8))")
-        try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-    }
-
-    func path(_ name: String) -> String { url.appendingPathComponent(name).path }
-
-    func remove() { try? FileManager.default.removeItem(at: url) }
-}
 
 /// A wall clock for the store that moves a millisecond per reading, so rows get distinct, ordered times.
 final class SteppingWallClock: WallClock {

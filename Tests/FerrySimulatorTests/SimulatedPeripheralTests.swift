@@ -1,5 +1,6 @@
 import FerryProtocol
 import FerrySimulator
+import FerryTestSupport
 import Foundation
 import Testing
 
