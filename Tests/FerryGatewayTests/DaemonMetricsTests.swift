@@ -7,6 +7,7 @@ import FerryStore
 import Foundation
 import Testing
 import FerryTestBus
+import FerryTestSupport
 import FerryFakeBlueZ
 
 /// The daemon's hooks into the metrics and the live view, with a real dbus-daemon and the fake org.bluez:
@@ -28,10 +29,10 @@ import FerryFakeBlueZ
                 repeating: DBusError(name: "org.bluez.Error.NotAvailable", message: "Operation is not available"),
                 count: 50)
         }
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-metrics-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: dir) }
+        let dir = try TemporaryDirectory("metrics")
+        defer { dir.remove() }
         var configuration = DaemonConfiguration()
-        configuration.stateDir = dir.path
+        configuration.stateDir = dir.path("state")
         configuration.peripherals = [PeripheralPolicy(address: PeripheralAddress(FakeBlueZ.deviceAddress)!)]
         configuration.backoffBaseSeconds = 0.1
         let metrics = GatewayMetrics(maxConnections: configuration.maxConnections)
@@ -77,10 +78,10 @@ import FerryFakeBlueZ
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus, tree: FakeBlueZ.adapterOnly())
         defer { fake.stop() }
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-discovery-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: dir) }
+        let dir = try TemporaryDirectory("discovery")
+        defer { dir.remove() }
         var configuration = DaemonConfiguration()
-        configuration.stateDir = dir.path
+        configuration.stateDir = dir.path("state")
         configuration.requireBond = false
         configuration.peripherals = [PeripheralPolicy(address: PeripheralAddress(FakeBlueZ.deviceAddress)!)]
         configuration.discoveryTimeoutSeconds = 2
