@@ -7,6 +7,7 @@ import Foundation
 import Testing
 import FerryTestBus
 import FerryFakeBlueZ
+import FerryTestSupport
 
 /// The daemon carrying out adapter recovery against a real dbus-daemon and the fake org.bluez (the ladder's
 /// logic itself: AdapterRecoveryTests). The HCI reset step is off here: it would reset a real controller of
@@ -14,10 +15,10 @@ import FerryFakeBlueZ
 @Suite(.serialized) struct AdapterRecoveryDaemonTests {
     static func daemon(
         bus: TestBus, recovery: AdapterRecoverySettings, peripherals: [PeripheralPolicy] = [], log: RecordingLog
-    ) throws -> (GatewayDaemon, GatewayMetrics, URL) {
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-recovery-\(UUID().uuidString)")
+    ) throws -> (GatewayDaemon, GatewayMetrics, TemporaryDirectory) {
+        let dir = try TemporaryDirectory("recovery")
         var configuration = DaemonConfiguration()
-        configuration.stateDir = dir.path
+        configuration.stateDir = dir.path("state")
         configuration.peripherals = peripherals
         configuration.requireBond = false
         configuration.backoffBaseSeconds = 0.2
@@ -40,7 +41,7 @@ import FerryFakeBlueZ
         let log = RecordingLog()
         let (daemon, metrics, dir) = try Self.daemon(
             bus: bus, recovery: AdapterRecoverySettings(adapterMissingSeconds: 5, verifySeconds: 5, hciReset: false), log: log)
-        defer { try? FileManager.default.removeItem(at: dir) }
+        defer { dir.remove() }
         let started = ContinuousClock.now
         let result = await Task { try await daemon.run() }.result
         let took = ContinuousClock.now - started
@@ -71,7 +72,7 @@ import FerryFakeBlueZ
         let (daemon, metrics, dir) = try Self.daemon(
             bus: bus, recovery: AdapterRecoverySettings(wedgedAfterSeconds: 10, minFailures: 3, verifySeconds: 20, hciReset: false),
             peripherals: [PeripheralPolicy(address: PeripheralAddress(FakeBlueZ.deviceAddress)!)], log: log)
-        defer { try? FileManager.default.removeItem(at: dir) }
+        defer { dir.remove() }
         // The "controller" works again once it has been powered off: connects succeed from then on.
         let healer = Task {
             while !Task.isCancelled {

@@ -206,8 +206,9 @@ import Testing
     }
 
     @Test func stateDirectoryIsCreated0700AndAWorldReadableOneIsRefused() throws {
-        let base = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-state-\(getpid())-\(UInt32.random(in: 0...UInt32.max))").path
-        defer { try? FileManager.default.removeItem(atPath: base) }
+        let scratch = try TemporaryDirectory("state")
+        defer { scratch.remove() }
+        let base = scratch.url.path
         let fresh = base + "/a/state"
         try StateDirectory.prepare(fresh)
         let mode = try FileManager.default.attributesOfItem(atPath: fresh)[.posixPermissions] as? Int

@@ -9,6 +9,7 @@ import Foundation
 import Testing
 import FerryTestBus
 import FerryFakeBlueZ
+import FerryTestSupport
 
 /// Collects log lines (the daemon and the pairing flow take a sink; they never build one).
 final class RecordingLog: LogSink {
@@ -44,10 +45,9 @@ final class RecordingLog: LogSink {
         fake.state.withLock { $0.pairing = behaviour }
         let client = try await BlueZClient(connection: try await bus.connect())
         let adapter = try await client.adapter(named: nil)
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-pairing-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: dir) }
-        let store = try GatewayStore(path: dir.appendingPathComponent("ferry.sqlite").path)
+        let dir = try TemporaryDirectory("pairing")
+        defer { dir.remove() }
+        let store = try GatewayStore(path: dir.path("ferry.sqlite"))
         var pairing = PeripheralPairing(client: client, adapter: adapter, log: RecordingLog())
         pairing.pairTimeout = .seconds(10)
         return try await body(fake, pairing, store)
@@ -208,10 +208,10 @@ final class RecordingLog: LogSink {
         let bus = try TestBus()
         let fake = try await FakeBlueZ.start(on: bus, tree: syncPeripheralTree(paired: false))
         defer { fake.stop() }
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-daemon-\(UUID().uuidString)")
-        defer { try? FileManager.default.removeItem(at: dir) }
+        let dir = try TemporaryDirectory("daemon")
+        defer { dir.remove() }
         var configuration = DaemonConfiguration()
-        configuration.stateDir = dir.path
+        configuration.stateDir = dir.path("state")
         configuration.peripherals = [PeripheralPolicy(address: address)]
         let log = RecordingLog()
         let daemon = try GatewayDaemon.onTestBus(bus, configuration: configuration, log: log)

@@ -7,6 +7,7 @@ import Foundation
 import Testing
 import FerryTestBus
 import FerryFakeBlueZ
+import FerryTestSupport
 
 #if canImport(Glibc)
     import Glibc
@@ -161,11 +162,10 @@ import FerryFakeBlueZ
         let quiet = try await blocking { try Self.ferryInTerminal(["scan", "--bus", address, "--timeout", "1", "--json"]) }
         #expect(quiet.status == 0 && !quiet.output.contains("\u{1B}[K") && quiet.output.hasPrefix("{"), "\(quiet.output.debugDescription)")
 
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-scan-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: dir) }
+        let dir = try TemporaryDirectory("scan")
+        defer { dir.remove() }
         let pair = try await blocking { try Self.ferryInTerminal([
-            "pair", "--address", FakeBlueZ.deviceAddress, "--db", dir.appendingPathComponent("ferry.sqlite").path,
+            "pair", "--address", FakeBlueZ.deviceAddress, "--db", dir.path("ferry.sqlite"),
             "--bus", address, "--timeout", "30",
         ]) }
         #expect(pair.status == 0, "\(pair.output)")

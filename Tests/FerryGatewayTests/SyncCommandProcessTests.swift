@@ -5,6 +5,7 @@ import FerryProtocol
 import FerryTestBus
 import Foundation
 import Testing
+import FerryTestSupport
 
 #if canImport(Glibc)
     import Glibc
@@ -40,9 +41,9 @@ import Testing
             $0.streamInfo = StreamInfo(epoch: 7, oldest: 1, head: head).encoded()
             configure(&$0)
         }
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-sync-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: directory) }
+        let scratch = try TemporaryDirectory("sync")
+        defer { scratch.remove() }
+        let directory = scratch.url
 
         // The peripheral: every SYNC_REQ written is answered with the window's frames, one per notification.
         let peripheral = Task(executorPreference: FakeSideExecutor.shared) {

@@ -4,6 +4,7 @@ import FerryStore
 import FerrySync
 import Foundation
 import Testing
+import FerryTestSupport
 
 /// RSS of a long replay through the simulator (issue 13: flat RSS for a 1M-event replay). A benchmark, not a
 /// timed test: it only runs when asked and prints the series. One simulated peripheral records in bursts and
@@ -27,10 +28,9 @@ struct ReplayMemoryBenchmark {
     @Test func rssStaysFlatOverAMillionEvents() async throws {
         let total = ProcessInfo.processInfo.environment["FERRY_REPLAY_EVENTS"].flatMap(Int.init) ?? 1_000_000
         let burst = 10_000
-        let dir = FileManager.default.temporaryDirectory.appendingPathComponent("ferry-replay-\(UUID().uuidString)")
-        try FileManager.default.createDirectory(at: dir, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(at: dir) }
-        let store = try GatewayStore(path: dir.appendingPathComponent("gateway.sqlite").path)
+        let dir = try TemporaryDirectory("replay")
+        defer { dir.remove() }
+        let store = try GatewayStore(path: dir.path("gateway.sqlite"))
         var configuration = SimulatedPeripheral.Configuration()
         configuration.keepsAcknowledgedPayloads = ProcessInfo.processInfo.environment["FERRY_REPLAY_KEEP"] != nil
         let peripheral = try SimulatedPeripheral(directory: nil, configuration: configuration, seed: 1)
