@@ -146,6 +146,22 @@ public final class FakeBlueZ: Sendable {
         ]
     }
 
+    /// The adapter and a resolved device whose only service is Battery (0x180F): a peripheral that is not a Sync
+    /// peripheral, whatever its address.
+    public static func batteryOnlyDevice() -> Tree {
+        let battery = "0000180f-0000-1000-8000-00805f9b34fb"
+        var tree = adapterOnly()
+        var device = deviceInterfaces(resolved: true)
+        device[BlueZInterface.device]?["UUIDs"] = .strings([battery])
+        tree[devicePath] = device
+        tree[devicePath + "/service0001"] = [
+            BlueZInterface.gattService: [
+                "UUID": .string(battery), "Device": .objectPath(devicePath), "Primary": .bool(true),
+            ]
+        ]
+        return tree
+    }
+
     public static func gattObjects() -> Tree {
         func characteristic(_ uuid: String, _ flags: [String]) -> [String: [String: DBusValue]] {
             [

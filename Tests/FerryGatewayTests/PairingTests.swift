@@ -149,16 +149,7 @@ final class RecordingLog: LogSink {
     }
 
     @Test func aPeripheralWithoutTheSyncServiceIsNotTrustedAndItsBondIsRemoved() async throws {
-        var tree = FakeBlueZ.adapterOnly()
-        var device = FakeBlueZ.deviceInterfaces(resolved: true)
-        device[BlueZInterface.device]?["UUIDs"] = .strings(["0000180f-0000-1000-8000-00805f9b34fb"])
-        tree[FakeBlueZ.devicePath] = device
-        tree[FakeBlueZ.devicePath + "/service0001"] = [
-            BlueZInterface.gattService: [
-                "UUID": .string("0000180f-0000-1000-8000-00805f9b34fb"), "Device": .objectPath(FakeBlueZ.devicePath),
-                "Primary": .bool(true),
-            ]
-        ]
+        let tree = FakeBlueZ.batteryOnlyDevice()
         try await withPairing(.justWorks, tree: tree) { fake, pairing, store in
             let message = await failureMessage { try await pairing.pair(address: address, passkey: nil, store: store) }
             #expect(message.contains("not a Sync peripheral"), "\(message)")

@@ -157,16 +157,7 @@ import FerryTestSupport
     }
 
     @Test func aPeripheralWithoutTheSyncServiceIsNamedAndDisconnected() async throws {
-        var tree = FakeBlueZ.adapterOnly()
-        var device = FakeBlueZ.deviceInterfaces(resolved: true)
-        device[BlueZInterface.device]?["UUIDs"] = .strings(["0000180f-0000-1000-8000-00805f9b34fb"])
-        tree[FakeBlueZ.devicePath] = device
-        tree[FakeBlueZ.devicePath + "/service0001"] = [
-            BlueZInterface.gattService: [
-                "UUID": .string("0000180f-0000-1000-8000-00805f9b34fb"), "Device": .objectPath(FakeBlueZ.devicePath),
-                "Primary": .bool(true),
-            ]
-        ]
+        let tree = FakeBlueZ.batteryOnlyDevice()
         let (run, fake) = try await sync(head: 10, extra: ["--timeout", "15"], tree: tree)
         defer { fake.stop() }
         #expect(run.status == 1 && run.stdout.isEmpty, "\(run.stdout)")
