@@ -17,7 +17,8 @@ Measured per session:
 - CPU: Ferry's whole process, user + sys from wait4() (start-up, BlueZ object tree, connect included; all
   ferry sessions sync into one store, as on a gateway: the first creates it);
   bleak's sync phase only (time.process_time() from subscribe to the final ACK, interpreter start-up, scan
-  and connect excluded: that favours bleak). Also bluetoothd's and dbus-daemon's CPU over the session.
+  and connect excluded: that favours bleak). Each also split into user and system time (informational).
+  Also bluetoothd's and dbus-daemon's CPU over the session.
 `--no-aslr` starts every central (ferry and bleak's Python alike) without address-space randomisation
 (personality ADDR_NO_RANDOMIZE, as `setarch -R`): the bed's QEMU (7.2, TCG) keys the code it has translated by
 virtual address, so a process whose code lands at new addresses has all of it translated again, a cost a
@@ -30,6 +31,7 @@ Writes RESULTS/bench.json.
 """
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -89,8 +91,8 @@ def daemon_cpu() -> dict:
     return {k: (v if k in seen or k != "peripherals" else None) for k, v in out.items()}
 
 
-def run_measured(cmd: list[str], log_name: str, limit: float) -> tuple[int, str, float, float]:
-    """Runs cmd; returns (rc, stdout, wall seconds, user+sys CPU seconds of the process and its children)."""
+def run_measured(cmd: list[str], log_name: str, limit: float) -> tuple[int, str, float, resource.struct_rusage]:
+    """Runs cmd; returns (rc, stdout, wall seconds, the resource usage of the process and its children)."""
     out_path = os.path.join(b.scratch(), f"{log_name}.out")
     err_path = os.path.join(b.scratch(), f"{log_name}.err")
     t0 = time.monotonic()
@@ -106,7 +108,7 @@ def run_measured(cmd: list[str], log_name: str, limit: float) -> tuple[int, str,
     stderr = open(err_path).read()
     with open(os.path.join(b.results_dir(), f"{log_name}.log"), "w") as f:
         f.write(f"$ {' '.join(cmd)}\n# rc={rc} {wall:.2f}s cpu={usage.ru_utime + usage.ru_stime:.3f}s\n{stdout}\n{stderr}\n")
-    return rc, stdout, wall, usage.ru_utime + usage.ru_stime
+    return rc, stdout, wall, usage
 
 
 def ferry_store() -> str:
@@ -156,7 +158,7 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
                        **launch_options())
     connections_before = b.stats(addr).get("connections", 0)
     before = daemon_cpu()
-    rc, stdout, wall, cpu = run_measured(cmd, log_name, 300)
+    rc, stdout, wall, usage = run_measured(cmd, log_name, 300)
     after = daemon_cpu()
     lines = [l for l in stdout.splitlines() if l.startswith("{")]
     reported = json.loads(lines[-1]) if lines else {}
@@ -164,7 +166,8 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
     # With --bonded the pairing's link came and went before: wait for the end of the session's own link.
     s = b.stats_when(addr, link_ended_since(connections_before), timeout=5)
     row = {"reader": name, "peripheral": addr, "rc": rc, "events": events, "window": window, "ack_every": ack_every,
-           "wall_seconds": round(wall, 3), "process_cpu_seconds": round(cpu, 3),
+           "wall_seconds": round(wall, 3), "process_cpu_seconds": round(usage.ru_utime + usage.ru_stime, 3),
+           "process_user_seconds": round(usage.ru_utime, 3), "process_system_seconds": round(usage.ru_stime, 3),
            "bluetoothd_cpu_seconds": round(after["bluetoothd"] - before["bluetoothd"], 3),
            "dbus_daemon_cpu_seconds": round(after["dbus-daemon"] - before["dbus-daemon"], 3),
            "peripherals_cpu_seconds": (round(after["peripherals"] - before["peripherals"], 3)

@@ -7,9 +7,9 @@ durability: that favours bleak). Runs in the test-bed guest with a venv python t
 Usage: bleak_reader.py ADDRESS EXPECTED [--acquire | --start-notify] [--adapter hci0] [--window W]
                        [--ack-every A] [--idle S]
 Prints one JSON line: {"reader", "expected", "intact", "distinct", "lost", "crc_errors", "notifications",
-"seconds", "frames_per_second", "acks", "cpu_sync_seconds"}; seconds: first to last DATA notification;
-cpu_sync_seconds: time.process_time() from subscribing to the final ACK (interpreter start-up, scan and
-connect excluded).
+"seconds", "frames_per_second", "acks", "cpu_sync_seconds", "cpu_sync_user_seconds", "cpu_sync_system_seconds"};
+seconds: first to last DATA notification; cpu_sync_seconds: time.process_time() from subscribing to the final ACK
+(interpreter start-up, scan and connect excluded), and the same span split into user and system time (os.times()).
 """
 import argparse
 import asyncio
@@ -89,7 +89,7 @@ async def main() -> None:
             done.set()
 
     async with BleakClient(device, timeout=30, bluez={"adapter": a.adapter}) as client:
-        cpu0 = time.process_time()
+        cpu0, times0 = time.process_time(), os.times()
         await client.start_notify(sp.DATA_UUID, on_data, bluez={"use_start_notify": a.start_notify})
         await client.write_gatt_char(sp.CONTROL_UUID, sp.sync_req(0, a.window), response=True)
         last_rx = time.monotonic()
@@ -103,7 +103,7 @@ async def main() -> None:
                 seq = pending_acks.pop(0)
                 await client.write_gatt_char(sp.CONTROL_UUID, sp.sync_ack(seq), response=False)
                 counts["acks"] += 1
-        cpu = time.process_time() - cpu0
+        cpu, times1 = time.process_time() - cpu0, os.times()
         decoder.on_idle()
     seconds = (last - first) if first and last and last > first else 0.0
     print(json.dumps({
@@ -111,7 +111,8 @@ async def main() -> None:
         "intact": counts["intact"], "distinct": len(seqs), "lost": a.expected - len(seqs),
         "crc_errors": decoder.crc_errors, "notifications": counts["notifications"], "seconds": round(seconds, 3),
         "frames_per_second": round(len(seqs) / seconds, 1) if seconds else None, "acks": counts["acks"],
-        "cpu_sync_seconds": round(cpu, 3)}), flush=True)
+        "cpu_sync_seconds": round(cpu, 3), "cpu_sync_user_seconds": round(times1.user - times0.user, 3),
+        "cpu_sync_system_seconds": round(times1.system - times0.system, 3)}), flush=True)
 
 
 async def bounded() -> None:
