@@ -192,11 +192,14 @@ def run_session(name: str, addr: str, events: int, window: int, ack_every: int, 
         row["delivered"] = len(frames)  # distinct seqs durably stored
         row["gaps_recorded"] = reported.get("gaps")
         row["cpu_seconds"] = row["process_cpu_seconds"]  # whole process
+        row["cpu_user_seconds"], row["cpu_system_seconds"] = row["process_user_seconds"], row["process_system_seconds"]
         row["phases"] = reported.get("phases")
     else:
         row["delivered"] = reported.get("distinct", 0)
         row["gaps_recorded"] = None
         row["cpu_seconds"] = reported.get("cpu_sync_seconds")  # sync phase only
+        row["cpu_user_seconds"] = reported.get("cpu_sync_user_seconds")
+        row["cpu_system_seconds"] = reported.get("cpu_sync_system_seconds")
     row["lost"] = events - row["delivered"]
     if row.get("cpu_seconds") is not None and row["delivered"]:
         row["cpu_ms_per_frame"] = round(1000 * row["cpu_seconds"] / row["delivered"], 4)
