@@ -258,14 +258,17 @@ def expected_payload(epoch: int, generation: int, seq: int) -> bytes:
 
 # ---------------------------------------------------------------- store
 
+def connect_read_only(path: str, timeout: float = 10) -> sqlite3.Connection:
+    """A connection that can neither create nor change the file, nor (as the last connection of a read-write
+    kind does when it closes) checkpoint and delete the WAL that Ferry keeps between `ferry sync` runs."""
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=timeout)
+
+
 class Store:
     """Read-side view of ferry's SQLite store (table names are the contract of PROTOCOL.md §5)."""
 
     def __init__(self, path: str, read_only: bool = False):
-        # read_only: a read-write connection that is the store's last one checkpoints and deletes the WAL when it
-        # closes, which the next `ferry sync` then has to create and grow again; a read-only one leaves it.
-        self.db = (sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) if read_only
-                   else sqlite3.connect(path, timeout=10))
+        self.db = connect_read_only(path) if read_only else sqlite3.connect(path, timeout=10)
 
     def close(self) -> None:
         self.db.close()

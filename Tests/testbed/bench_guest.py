@@ -64,13 +64,11 @@ def without_aslr() -> None:
 def scrub_free_memory() -> None:
     """Writes once to every page of the guest's free memory but SCRUB_MARGIN, then gives it back.
 
-    Measured in one boot (ferry sessions right after a bleak session, alternating with and without this, four
-    each, medians): 1.33 s of Ferry CPU without, 1.08 s with (system time 0.49-0.78 s against 0.39-0.51 s; start-up
-    0.46 s once without). The likely cause is the bed's QEMU (TCG): it keeps the code it translated from a page
-    until the page is written, and pages the previous process ran code from (bleak's interpreter and libraries,
-    read over 9p) go back to the free lists at its exit still holding translations, which the next process pays to
-    throw away when it first writes to them. A real CPU has nothing of the kind: done before every session of
-    every central, outside the measurement. `--no-scrub` leaves it out."""
+    The bed's QEMU (TCG) most likely keeps the code it translated from a page until the page is written, so the pages
+    the previous process ran code from (bleak's interpreter and libraries, read over 9p) come back from the free
+    lists still holding translations, which the next process pays to discard: Ferry right after bleak cost ~0.25 s
+    more a session (measured: Hardware/TESTBED.md). A real CPU has nothing of the kind, so this runs before every
+    session of every central, outside the measurement. `--no-scrub` leaves it out."""
     free = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemFree:"))
     pages = max(0, free - SCRUB_MARGIN) // mmap.PAGESIZE
     if pages == 0:

@@ -77,7 +77,7 @@ def cursor_of(db: str, addr: str) -> int:
 def last_result(db: str, addr: str) -> str | None:
     import sqlite3
     try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        con = b.connect_read_only(db, timeout=5)
         try:
             row = con.execute("SELECT last_result FROM peripheral_sync_state WHERE peripheral = ?", (addr,)).fetchone()
             return row[0] if row else None
@@ -333,8 +333,7 @@ def store_bytes(db: str) -> int:
 
 
 def outbox_open(db: str) -> dict:
-    import sqlite3
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    con = b.connect_read_only(db)
     try:
         return dict(con.execute("SELECT status, COUNT(*) FROM outbox_events GROUP BY status").fetchall())
     finally:
@@ -344,7 +343,7 @@ def outbox_open(db: str) -> dict:
 def backend_rows(backend_db: str, addr: str, epoch: str | None) -> list[tuple[int, bytes]]:
     import sqlite3
     try:
-        con = sqlite3.connect(f"file:{backend_db}?mode=ro", uri=True, timeout=10)
+        con = b.connect_read_only(backend_db)
     except sqlite3.Error:
         return []
     try:
