@@ -11,6 +11,7 @@ reads one byte of each of N pages of its memory, then waits for the next byte. I
 the parent's CPU (getrusage) per step, after one warm-up pass."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,15 @@ def functions_source() -> str:
 
 
 def main() -> int:
+    if len(sys.argv) > 1:
+        if sys.argv[1] in ("-h", "--help"):
+            print(__doc__)
+            return 0
+        print(f"wake_cost.py takes no arguments (got {sys.argv[1]!r}); see --help", file=sys.stderr)
+        return 2
+    if shutil.which("cc") is None:
+        print("wake_cost.py: needs a C compiler as cc (apt-get install gcc)", file=sys.stderr)
+        return 1
     with tempfile.TemporaryDirectory() as work:
         for name, text in (("main.c", MAIN), ("functions.c", functions_source())):
             with open(os.path.join(work, name), "w") as f:
